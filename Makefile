@@ -1,0 +1,65 @@
+# gpuprobe: the two set-up commands of the README are `make demo` and `make test`.
+# Both install what they need (Debian packages, a virtual environment, npm tools) and are safe to re-run.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := influxdb mosquitto libportaudio2 sox gcc
+STAMP := $(VENV)/.installed
+
+.PHONY: help demo test deps system-deps venv node sim proto lint typecheck unit clean
+
+help:
+	@echo "make demo       the whole system on one machine with simulated GPUs"
+	@echo "make test       install what is needed, then lint + type check + all tests"
+	@echo "make proto      regenerate the Python code of the wire contract (proto/)"
+	@echo "make sim        compile the GPU simulator library (libnvidia-ml.so.1)"
+	@echo "make lint | typecheck | unit    the parts of make test"
+
+deps: system-deps venv node sim
+
+# Debian packages: only the missing ones, so a machine that has them needs no network.
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[agent,collector,sim,dev]'
+	@touch $@
+
+node: node_modules/.package-lock.json
+node_modules/.package-lock.json: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+
+sim: venv
+	$(PY) -m gpuprobe.sim.build
+
+proto: venv
+	$(PY) tools/protogen.py
+
+lint: venv node
+	$(VENV)/bin/ruff check .
+	$(PY) tools/protogen.py --check
+	cd proto && ../node_modules/.bin/buf lint
+
+typecheck: venv
+	$(PY) tools/typecheck.py
+
+unit: deps
+	$(VENV)/bin/pytest -q
+
+test: deps lint typecheck unit
+
+demo: deps
+	$(VENV)/bin/gpuprobe demo
+
+clean:
+	rm -rf build sim/native/build .mypy_cache .ruff_cache .pytest_cache

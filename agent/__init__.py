@@ -1,0 +1,1 @@
+"""The GPU-node agent: sensors -> batcher -> spool -> uplink (see DESIGN.md)."""

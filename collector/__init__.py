@@ -1,0 +1,1 @@
+"""The central collector: auth -> validate -> encode -> WAL -> sink (see DESIGN.md)."""

@@ -1,0 +1,5 @@
+import sys
+
+from gpuprobe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Simulated GPUs at the NVML C interface (libnvidia-ml.so.1)."""

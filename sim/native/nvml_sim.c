@@ -1,0 +1,1010 @@
+/*
+ * gpuprobe's GPU simulator: a libnvidia-ml.so.1 that the official pynvml (and anything else that
+ * links NVML) loads like the driver's.
+ *
+ * State lives in the directory named by GPUPROBE_SIM_DIR (see sim/state.py for the format). Each
+ * GPU's state is a pure function of its parameters, its append-only event history and the time,
+ * computed in fixed ticks of period_ns from start_ns, so every process sees the same values:
+ *
+ *   inputs of tick k     the latest events with t <= t_k (utilization, power limit, failure)
+ *   power during tick k  P_k = min(idle + (peak - idle) * u / 100, limit), dynamic part scaled
+ *                        by throttle_clock_factor while thermally slowed down
+ *   energy at t_k        E_k = sum_{j<k} P_j * period            (the NVML counter, mJ)
+ *   temperature          T_{k+1} = T_ss + (T_k - T_ss) * exp(-period / tau), T_ss = T_amb + R * P_k
+ *                        (the exact solution of C dT/dt = P - (T - T_amb)/R over one tick)
+ *   slowdown             on when T_k >= slowdown threshold, off again below slowdown - 3 C
+ *
+ * Every reading inside [t_k, t_k+1) reports tick k, so values change on the driver's cadence only.
+ * docs/simulator.md documents the model and the ground truth of each profile.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define MAX_GPUS 64
+#define HISTORY 128 /* ticks kept for nvmlDeviceGetSamples and the 1 s power average */
+#define NAME_LEN 96
+
+/* clocks-event reasons */
+#define REASON_GPU_IDLE 0x1ULL
+#define REASON_SW_POWER_CAP 0x4ULL
+#define REASON_HW_SLOWDOWN 0x8ULL
+#define REASON_HW_THERMAL 0x40ULL
+#define REASONS_SUPPORTED 0x1FFULL
+
+typedef struct {
+    int64_t t_ns;
+    char kind;
+    long long value;
+    long long pid;
+    long long mem_bytes;
+} sim_event;
+
+typedef struct {
+    int64_t t_us;
+    unsigned power_mw, util, mem_util, sm_mhz, mem_mhz;
+} sim_hist;
+
+typedef struct sim_gpu {
+    unsigned index;
+    /* parameters (sim.conf) */
+    char name[NAME_LEN], uuid[NAME_LEN], serial[NAME_LEN];
+    unsigned pci_bus, architecture, brand, cc_major, cc_minor, pci_device_id;
+    unsigned long long memory_total_bytes, memory_reserved_bytes;
+    double idle_w, peak_demand_w, limit_default_w, limit_min_w, limit_max_w;
+    int power_usage_is_average;
+    double ambient_c, r_th, tau_s, mem_r_th, mem_tau_s;
+    int mem_temp_supported;
+    int shutdown_c, slowdown_c, gpu_max_c, mem_max_c;
+    unsigned sm_clock_max_mhz, sm_clock_base_mhz, sm_clock_idle_mhz, mem_clock_mhz;
+    double throttle_clock_factor;
+    unsigned fan_count, fan_min_pct;
+    double fan_t_low_c, fan_t_high_c;
+    double mem_util_per_util, pcie_bytes_per_s_full;
+    unsigned pcie_gen, pcie_width;
+    int ecc_supported;
+    /* event history */
+    char events_path[4096];
+    off_t events_read;
+    char partial[256];
+    size_t partial_len;
+    sim_event *events;
+    size_t n_events, cap_events, next_event;
+    /* inputs in force */
+    unsigned util;
+    double limit_w;
+    long long holder_pid, holder_mem_bytes;
+    int failed;
+    /* state at the start of tick k */
+    int64_t k;
+    double temp_c, mem_temp_c, energy_j, pcie_tx_bytes, pcie_rx_bytes;
+    int slowed;
+    double power_w;            /* during tick k */
+    unsigned sm_mhz;           /* during tick k */
+    unsigned long long reasons;
+    sim_hist hist[HISTORY];
+    unsigned n_hist;
+} sim_gpu;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_init_count;
+static int g_loaded;
+static sim_gpu g_gpus[MAX_GPUS];
+static unsigned g_gpu_count;
+static int64_t g_start_ns, g_period_ns;
+static char g_driver_version[80];
+static int g_cuda_driver_version;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- configuration */
+
+static void set_param(sim_gpu *g, const char *key, const char *v) {
+#define STR(f) if (!strcmp(key, #f)) { snprintf(g->f, sizeof g->f, "%s", v); return; }
+#define UINT(f, k) if (!strcmp(key, k)) { g->f = (unsigned)strtoul(v, NULL, 10); return; }
+#define ULL(f, k) if (!strcmp(key, k)) { g->f = strtoull(v, NULL, 10); return; }
+#define INT(f, k) if (!strcmp(key, k)) { g->f = atoi(v); return; }
+#define DBL(f, k) if (!strcmp(key, k)) { g->f = strtod(v, NULL); return; }
+    if (!strcmp(key, "nvml_name")) { snprintf(g->name, sizeof g->name, "%s", v); return; }
+    STR(uuid) STR(serial)
+    UINT(pci_bus, "pci_bus") UINT(architecture, "architecture") UINT(brand, "brand")
+    UINT(cc_major, "cuda_cc_major") UINT(cc_minor, "cuda_cc_minor") UINT(pci_device_id, "pci_device_id")
+    ULL(memory_total_bytes, "memory_total_bytes") ULL(memory_reserved_bytes, "memory_reserved_bytes")
+    DBL(idle_w, "idle_w") DBL(peak_demand_w, "peak_demand_w") DBL(limit_default_w, "limit_default_w")
+    DBL(limit_min_w, "limit_min_w") DBL(limit_max_w, "limit_max_w")
+    INT(power_usage_is_average, "power_usage_is_average")
+    DBL(ambient_c, "ambient_c") DBL(r_th, "r_th_c_per_w") DBL(tau_s, "tau_s")
+    DBL(mem_r_th, "mem_r_th_c_per_w") DBL(mem_tau_s, "mem_tau_s") INT(mem_temp_supported, "mem_temp_supported")
+    INT(shutdown_c, "shutdown_c") INT(slowdown_c, "slowdown_c") INT(gpu_max_c, "gpu_max_c") INT(mem_max_c, "mem_max_c")
+    UINT(sm_clock_max_mhz, "sm_clock_max_mhz") UINT(sm_clock_base_mhz, "sm_clock_base_mhz")
+    UINT(sm_clock_idle_mhz, "sm_clock_idle_mhz") UINT(mem_clock_mhz, "mem_clock_mhz")
+    DBL(throttle_clock_factor, "throttle_clock_factor")
+    UINT(fan_count, "fan_count") UINT(fan_min_pct, "fan_min_pct")
+    DBL(fan_t_low_c, "fan_t_low_c") DBL(fan_t_high_c, "fan_t_high_c")
+    DBL(mem_util_per_util, "mem_util_per_util") DBL(pcie_bytes_per_s_full, "pcie_bytes_per_s_at_full_util")
+    UINT(pcie_gen, "pcie_gen") UINT(pcie_width, "pcie_width") INT(ecc_supported, "ecc_supported")
+    /* unknown keys (the profile's own name, ...) are ignored */
+#undef STR
+#undef UINT
+#undef ULL
+#undef INT
+#undef DBL
+}
+
+static double power_of(const sim_gpu *g, unsigned util, double limit_w, int slowed) {
+    double demand = g->idle_w + (g->peak_demand_w - g->idle_w) * util / 100.0;
+    if (slowed) demand = g->idle_w + (demand - g->idle_w) * g->throttle_clock_factor;
+    return demand < limit_w ? demand : limit_w;
+}
+
+static void reset_state(sim_gpu *g) {
+    g->util = 0;
+    g->limit_w = g->limit_default_w;
+    g->holder_pid = 0;
+    g->holder_mem_bytes = 0;
+    g->failed = 0;
+    g->next_event = 0;
+    g->k = -1; /* nothing computed yet */
+    g->slowed = 0;
+    /* the machine starts in thermal equilibrium at idle */
+    double p_idle = power_of(g, 0, g->limit_w, 0);
+    g->temp_c = g->ambient_c + g->r_th * p_idle;
+    g->mem_temp_c = g->ambient_c + g->mem_r_th * p_idle;
+    g->energy_j = 0.0;
+    g->pcie_tx_bytes = g->pcie_rx_bytes = 0.0;
+    g->n_hist = 0;
+}
+
+static int load_config(void) {
+    const char *dir = getenv("GPUPROBE_SIM_DIR");
+    if (!dir || !*dir) return NVML_ERROR_DRIVER_NOT_LOADED;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/sim.conf", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return NVML_ERROR_DRIVER_NOT_LOADED;
+    char line[1024];
+    unsigned count = 0;
+    memset(g_gpus, 0, sizeof g_gpus);
+    g_start_ns = g_period_ns = 0;
+    snprintf(g_driver_version, sizeof g_driver_version, "0.0");
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *sp = strchr(line, ' ');
+        if (!sp) continue;
+        *sp = 0;
+        const char *key = line, *val = sp + 1;
+        unsigned idx;
+        char sub[128];
+        if (sscanf(key, "gpu.%u.%127s", &idx, sub) == 2) {
+            if (idx < MAX_GPUS) set_param(&g_gpus[idx], sub, val);
+        } else if (!strcmp(key, "start_ns")) g_start_ns = strtoll(val, NULL, 10);
+        else if (!strcmp(key, "period_ns")) g_period_ns = strtoll(val, NULL, 10);
+        else if (!strcmp(key, "gpu_count")) count = (unsigned)strtoul(val, NULL, 10);
+        else if (!strcmp(key, "driver_version")) snprintf(g_driver_version, sizeof g_driver_version, "%s", val);
+        else if (!strcmp(key, "cuda_driver_version")) g_cuda_driver_version = atoi(val);
+    }
+    fclose(f);
+    if (count == 0 || count > MAX_GPUS || g_period_ns <= 0) return NVML_ERROR_DRIVER_NOT_LOADED;
+    for (unsigned i = 0; i < count; i++) {
+        sim_gpu *g = &g_gpus[i];
+        g->index = i;
+        snprintf(g->events_path, sizeof g->events_path, "%s/gpu%u.events", dir, i);
+        reset_state(g);
+    }
+    g_gpu_count = count;
+    return NVML_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- events and ticks */
+
+static void add_event_line(sim_gpu *g, const char *line) {
+    sim_event e;
+    if (sscanf(line, "%ld %c %lld %lld %lld", &e.t_ns, &e.kind, &e.value, &e.pid, &e.mem_bytes) != 5) return;
+    if (g->n_events == g->cap_events) {
+        size_t cap = g->cap_events ? g->cap_events * 2 : 64;
+        sim_event *n = realloc(g->events, cap * sizeof *n);
+        if (!n) return;
+        g->events = n;
+        g->cap_events = cap;
+    }
+    g->events[g->n_events++] = e;
+}
+
+/* Reads new events under a shared lock and returns the time taken while still holding it. */
+static int64_t read_events(sim_gpu *g) {
+    int fd = open(g->events_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return now_ns();
+    flock(fd, LOCK_SH);
+    char buf[8192];
+    ssize_t n;
+    if (lseek(fd, g->events_read, SEEK_SET) == g->events_read) {
+        while ((n = read(fd, buf, sizeof buf)) > 0) {
+            g->events_read += n;
+            for (ssize_t i = 0; i < n; i++) {
+                char c = buf[i];
+                if (c == '\n') {
+                    g->partial[g->partial_len] = 0;
+                    add_event_line(g, g->partial);
+                    g->partial_len = 0;
+                } else if (g->partial_len < sizeof g->partial - 1) {
+                    g->partial[g->partial_len++] = c;
+                }
+            }
+        }
+    }
+    int64_t t = now_ns();
+    flock(fd, LOCK_UN);
+    close(fd);
+    return t;
+}
+
+static void apply_events_until(sim_gpu *g, int64_t t_ns) {
+    while (g->next_event < g->n_events && g->events[g->next_event].t_ns <= t_ns) {
+        const sim_event *e = &g->events[g->next_event++];
+        switch (e->kind) {
+        case 'U':
+            /* the pid (0: none) is the process that holds the GPU, listed while it is alive */
+            g->util = e->value < 0 ? 0 : e->value > 100 ? 100 : (unsigned)e->value;
+            g->holder_pid = e->pid;
+            g->holder_mem_bytes = e->mem_bytes;
+            break;
+        case 'L': g->limit_w = e->value / 1000.0; break;
+        case 'F': g->failed = e->value != 0; break;
+        }
+    }
+}
+
+/* Inputs and derived readings for tick k, from the state at its start. */
+static void begin_tick(sim_gpu *g, int64_t k) {
+    int64_t t_k = g_start_ns + k * g_period_ns;
+    apply_events_until(g, t_k);
+    if (g->temp_c >= g->slowdown_c) g->slowed = 1;
+    else if (g->temp_c < g->slowdown_c - 3) g->slowed = 0;
+    double unslowed = power_of(g, g->util, g->limit_w, 0);
+    double demand = g->idle_w + (g->peak_demand_w - g->idle_w) * g->util / 100.0;
+    g->power_w = power_of(g, g->util, g->limit_w, g->slowed);
+    g->reasons = 0;
+    double clock_factor = 1.0;
+    if (g->util == 0) {
+        g->reasons |= REASON_GPU_IDLE;
+    } else {
+        if (demand > g->limit_w + 1e-9) {
+            g->reasons |= REASON_SW_POWER_CAP;
+            clock_factor = (unslowed - g->idle_w) / (demand - g->idle_w);
+        }
+        if (g->slowed) {
+            g->reasons |= REASON_HW_SLOWDOWN | REASON_HW_THERMAL;
+            clock_factor *= g->throttle_clock_factor;
+        }
+    }
+    if (g->util == 0) {
+        g->sm_mhz = g->sm_clock_idle_mhz;
+    } else {
+        double mhz = g->sm_clock_max_mhz * clock_factor;
+        g->sm_mhz = mhz < g->sm_clock_idle_mhz ? g->sm_clock_idle_mhz : (unsigned)(mhz + 0.5);
+    }
+    sim_hist *h = &g->hist[k % HISTORY];
+    h->t_us = t_k / 1000;
+    h->power_mw = (unsigned)(g->power_w * 1000.0 + 0.5);
+    h->util = g->util;
+    h->mem_util = (unsigned)(g->util * g->mem_util_per_util + 0.5);
+    h->sm_mhz = g->sm_mhz;
+    h->mem_mhz = g->mem_clock_mhz;
+    if (g->n_hist < HISTORY) g->n_hist++;
+    g->k = k;
+}
+
+static void end_tick(sim_gpu *g) {
+    double dt = g_period_ns / 1e9;
+    double t_ss = g->ambient_c + g->r_th * g->power_w;
+    g->temp_c = t_ss + (g->temp_c - t_ss) * exp(-dt / g->tau_s);
+    double m_ss = g->ambient_c + g->mem_r_th * g->power_w;
+    g->mem_temp_c = m_ss + (g->mem_temp_c - m_ss) * exp(-dt / g->mem_tau_s);
+    g->energy_j += g->power_w * dt;
+    double pcie = g->pcie_bytes_per_s_full * g->util / 100.0 * dt;
+    g->pcie_tx_bytes += pcie * 0.25;
+    g->pcie_rx_bytes += pcie;
+}
+
+/* Brings g to the tick that contains the present moment. Called with g_lock held. */
+static void refresh(sim_gpu *g) {
+    int64_t t = now_ns();
+    int64_t k = (t - g_start_ns) / g_period_ns;
+    if (t < g_start_ns) k = 0;
+    if (k == g->k) return;
+    t = read_events(g);
+    k = t < g_start_ns ? 0 : (t - g_start_ns) / g_period_ns;
+    if (g->k < 0) begin_tick(g, 0);
+    while (g->k < k) {
+        end_tick(g);
+        begin_tick(g, g->k + 1);
+    }
+}
+
+static int append_event(sim_gpu *g, char kind, long long value) {
+    int fd = open(g->events_path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return NVML_ERROR_NO_PERMISSION;
+    flock(fd, LOCK_EX);
+    char line[128];
+    int n = snprintf(line, sizeof line, "%ld %c %lld %d 0\n", (long)now_ns(), kind, value, (int)getpid());
+    ssize_t w = write(fd, line, (size_t)n);
+    flock(fd, LOCK_UN);
+    close(fd);
+    return w == n ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+/* ---------------------------------------------------------------- call boundary */
+
+typedef sim_gpu *nvmlDevice_t;
+
+static int check_device(nvmlDevice_t d) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (d < g_gpus || d >= g_gpus + g_gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    refresh(d);
+    if (d->failed) return NVML_ERROR_GPU_IS_LOST;
+    return NVML_SUCCESS;
+}
+
+/* Opens a device call: locks, validates, refreshes; every path out goes through DONE. */
+#define BEGIN(dev)                                      \
+    pthread_mutex_lock(&g_lock);                        \
+    nvmlReturn_t rc_ = check_device(dev);               \
+    if (rc_ != NVML_SUCCESS) goto done_;                \
+    sim_gpu *g = (dev); (void)g;
+#define FAIL(code) do { rc_ = (code); goto done_; } while (0)
+#define DONE done_: pthread_mutex_unlock(&g_lock); return rc_;
+#define NEED(ptr) if (!(ptr)) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+
+static unsigned temp_reading(double t) { return t <= 0 ? 0 : (unsigned)(t + 0.5); }
+
+static unsigned fan_pct(const sim_gpu *g) {
+    double t = g->temp_c;
+    if (t <= g->fan_t_low_c) return g->fan_min_pct;
+    if (t >= g->fan_t_high_c) return 100;
+    double f = g->fan_min_pct + (t - g->fan_t_low_c) * (100.0 - g->fan_min_pct) / (g->fan_t_high_c - g->fan_t_low_c);
+    return (unsigned)(f + 0.5);
+}
+
+static unsigned power_usage_mw(const sim_gpu *g) {
+    if (!g->power_usage_is_average) return g->hist[g->k % HISTORY].power_mw;
+    /* mean over the last second of ticks */
+    int64_t want = 1000000000LL / g_period_ns;
+    if (want < 1) want = 1;
+    if (want > (int64_t)g->n_hist) want = g->n_hist;
+    double sum = 0;
+    for (int64_t i = 0; i < want; i++) sum += g->hist[(g->k - i) % HISTORY].power_mw;
+    return (unsigned)(sum / (double)want + 0.5);
+}
+
+static unsigned long long mem_used_bytes(const sim_gpu *g) {
+    return g->memory_reserved_bytes + (unsigned long long)(g->holder_mem_bytes > 0 ? g->holder_mem_bytes : 0);
+}
+
+/* ---------------------------------------------------------------- init and system */
+
+static nvmlReturn_t do_init(void) {
+    pthread_mutex_lock(&g_lock);
+    nvmlReturn_t rc = NVML_SUCCESS;
+    if (!g_loaded) {
+        rc = load_config();
+        if (rc == NVML_SUCCESS) g_loaded = 1;
+    }
+    if (rc == NVML_SUCCESS) g_init_count++;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlInit(void) { return do_init(); }
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return do_init(); }
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { (void)flags; return do_init(); }
+
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&g_lock);
+    nvmlReturn_t rc = g_init_count ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (g_init_count) g_init_count--;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
+    switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded (gpuprobe simulator: GPUPROBE_SIM_DIR not set or has no sim.conf)";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+static nvmlReturn_t copy_str(char *dst, unsigned len, const char *src) {
+    if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    return copy_str(version, length, g_driver_version);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    char v[96];
+    snprintf(v, sizeof v, "12.%s", g_driver_version);
+    return copy_str(version, length, v);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    *v = g_cuda_driver_version;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+
+EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length) {
+    if (!name || !length) return NVML_ERROR_INVALID_ARGUMENT;
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%u/cmdline", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return NVML_ERROR_NOT_FOUND;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    snprintf(name, length, "%s", buf);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = g_gpu_count;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!device || index >= g_gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &g_gpus[index];
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < g_gpu_count; i++)
+        if (!strcmp(g_gpus[i].uuid, uuid)) { *device = &g_gpus[i]; return NVML_SUCCESS; }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+static void bus_id(const sim_gpu *g, char *out, size_t len, int legacy) {
+    snprintf(out, len, legacy ? "%04X:%02X:00.0" : "%08X:%02X:00.0", 0, g->pci_bus);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pci, nvmlDevice_t *device) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!pci || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < g_gpu_count; i++) {
+        char a[32], b[32];
+        bus_id(&g_gpus[i], a, sizeof a, 0);
+        bus_id(&g_gpus[i], b, sizeof b, 1);
+        if (!strcasecmp(a, pci) || !strcasecmp(b, pci)) { *device = &g_gpus[i]; return NVML_SUCCESS; }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pci, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByPciBusId_v2(pci, device);
+}
+
+/* ---------------------------------------------------------------- identity */
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index) {
+    BEGIN(dev) NEED(index) *index = g->index; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minor) {
+    BEGIN(dev) NEED(minor) *minor = g->index; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length) {
+    BEGIN(dev) rc_ = copy_str(name, length, g->name); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length) {
+    BEGIN(dev) rc_ = copy_str(uuid, length, g->uuid); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t dev, char *serial, unsigned int length) {
+    BEGIN(dev) rc_ = copy_str(serial, length, g->serial); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t dev, int *brand) {
+    BEGIN(dev) NEED(brand) *brand = (int)g->brand; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t dev, unsigned int *arch) {
+    BEGIN(dev) NEED(arch) *arch = g->architecture; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, int *major, int *minor) {
+    BEGIN(dev) NEED(major) NEED(minor) *major = (int)g->cc_major; *minor = (int)g->cc_minor; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char *v, unsigned int length) {
+    BEGIN(dev) rc_ = copy_str(v, length, "96.00.99.00.01"); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t dev, char *v, unsigned int length) {
+    BEGIN(dev) rc_ = copy_str(v, length, "gpuprobe-simulated"); DONE
+}
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci) {
+    BEGIN(dev) NEED(pci)
+    memset(pci, 0, sizeof *pci);
+    bus_id(g, pci->busIdLegacy, sizeof pci->busIdLegacy, 1);
+    bus_id(g, pci->busId, sizeof pci->busId, 0);
+    pci->bus = g->pci_bus;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = (g->pci_device_id & 0xFFFF0000u) | 0x10DE;
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t dev, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(dev, pci); }
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t dev, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(dev, pci); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = g->pcie_gen; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = g->pcie_gen; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = g->pcie_width; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = g->pcie_width; DONE }
+
+/* Modes that real datacenter parts report and monitoring tools display. */
+EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, int *mode) { BEGIN(dev) NEED(mode) *mode = 1; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetMultiGpuBoard(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *cur, unsigned int *pending) {
+    BEGIN(dev) NEED(cur) NEED(pending)
+    if (g->brand != 2 || g->architecture < 7 || g->cc_minor != 0) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    *cur = *pending = 0;
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t dev, int *cur, int *pending) {
+    BEGIN(dev) (void)cur; (void)pending; FAIL(NVML_ERROR_NOT_SUPPORTED); DONE /* Windows only */
+}
+EXPORT nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t dev, int *cur, int *pending) {
+    return nvmlDeviceGetDriverModel_v2(dev, cur, pending);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, int *cur, int *pending) {
+    BEGIN(dev) NEED(cur) NEED(pending)
+    if (!g->ecc_supported) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    *cur = *pending = 1;
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int type, int counter, unsigned long long *count) {
+    BEGIN(dev) NEED(count) (void)type; (void)counter;
+    if (!g->ecc_supported) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    *count = 0;
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t dev, int *pstate) {
+    BEGIN(dev) NEED(pstate) *pstate = g->util ? 0 : 8; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t dev, int *pstate) { return nvmlDeviceGetPerformanceState(dev, pstate); }
+
+/* ---------------------------------------------------------------- memory and utilization */
+
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 0x02000028u
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m) {
+    BEGIN(dev) NEED(m)
+    m->total = g->memory_total_bytes;
+    m->used = mem_used_bytes(g);
+    m->free = m->total - m->used;
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m) {
+    BEGIN(dev) NEED(m)
+    if (m->version != NVML_MEMORY_V2) FAIL(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    m->total = g->memory_total_bytes;
+    m->reserved = g->memory_reserved_bytes;
+    m->used = mem_used_bytes(g) - g->memory_reserved_bytes;
+    m->free = m->total - m->reserved - m->used;
+    DONE
+}
+typedef struct { unsigned long long bar1Total, bar1Free, bar1Used; } nvmlBAR1Memory_t;
+EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t dev, nvmlBAR1Memory_t *m) {
+    BEGIN(dev) NEED(m)
+    m->bar1Total = g->memory_total_bytes;
+    m->bar1Used = 2ULL << 20;
+    m->bar1Free = m->bar1Total - m->bar1Used;
+    DONE
+}
+
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
+    BEGIN(dev) NEED(u)
+    u->gpu = g->hist[g->k % HISTORY].util;
+    u->memory = g->hist[g->k % HISTORY].mem_util;
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us) {
+    BEGIN(dev) NEED(util) NEED(period_us) *util = 0; *period_us = 167000; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us) {
+    BEGIN(dev) NEED(util) NEED(period_us) *util = 0; *period_us = 167000; DONE
+}
+
+/* ---------------------------------------------------------------- power and energy */
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int *mw) {
+    BEGIN(dev) NEED(mw) *mw = power_usage_mw(g); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev, unsigned long long *mj) {
+    BEGIN(dev) NEED(mj) *mj = (unsigned long long)(g->energy_j * 1000.0); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementMode(nvmlDevice_t dev, int *mode) { BEGIN(dev) NEED(mode) *mode = 1; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t dev, unsigned int *mw) {
+    BEGIN(dev) NEED(mw) *mw = (unsigned)(g->limit_w * 1000.0 + 0.5); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned int *mw) {
+    return nvmlDeviceGetPowerManagementLimit(dev, mw);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t dev, unsigned int *mw) {
+    BEGIN(dev) NEED(mw) *mw = (unsigned)(g->limit_default_w * 1000.0 + 0.5); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t dev, unsigned int *min_mw, unsigned int *max_mw) {
+    BEGIN(dev) NEED(min_mw) NEED(max_mw)
+    *min_mw = (unsigned)(g->limit_min_w * 1000.0 + 0.5);
+    *max_mw = (unsigned)(g->limit_max_w * 1000.0 + 0.5);
+    DONE
+}
+/* Takes effect at the next update boundary, in every process (it is an event in the GPU's history). */
+EXPORT nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t dev, unsigned int mw) {
+    BEGIN(dev)
+    if (mw < (unsigned)(g->limit_min_w * 1000.0 + 0.5) || mw > (unsigned)(g->limit_max_w * 1000.0 + 0.5))
+        FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    rc_ = append_event(g, 'L', mw);
+    DONE
+}
+
+/* ---------------------------------------------------------------- temperature and cooling */
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned int *t) {
+    BEGIN(dev) NEED(t)
+    if (sensor != 0) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    *t = temp_reading(g->temp_c);
+    DONE
+}
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_t;
+#define NVML_TEMPERATURE_V1 0x100000Cu
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t dev, nvmlTemperature_t *t) {
+    BEGIN(dev) NEED(t)
+    if (t->version != NVML_TEMPERATURE_V1) FAIL(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (t->sensorType != 0) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    t->temperature = (int)temp_reading(g->temp_c);
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t dev, int type, unsigned int *t) {
+    BEGIN(dev) NEED(t)
+    switch (type) {
+    case 0: *t = (unsigned)g->shutdown_c; break;
+    case 1: *t = (unsigned)g->slowdown_c; break;
+    case 2: *t = (unsigned)g->mem_max_c; break;
+    case 3: *t = (unsigned)g->gpu_max_c; break;
+    default: FAIL(NVML_ERROR_NOT_SUPPORTED);
+    }
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t dev, unsigned int *n) {
+    BEGIN(dev) NEED(n)
+    if (!g->fan_count) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    *n = g->fan_count;
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed_v2(nvmlDevice_t dev, unsigned int fan, unsigned int *pct) {
+    BEGIN(dev) NEED(pct)
+    if (!g->fan_count) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    if (fan >= g->fan_count) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    *pct = fan_pct(g);
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t dev, unsigned int *pct) { return nvmlDeviceGetFanSpeed_v2(dev, 0, pct); }
+
+/* ---------------------------------------------------------------- clocks and clock events */
+
+static unsigned clock_now(const sim_gpu *g, int type) {
+    switch (type) {
+    case 0: case 1: return g->sm_mhz;  /* graphics, SM */
+    case 2: return g->mem_clock_mhz;
+    case 3: return g->sm_mhz * 9 / 10; /* video */
+    default: return 0;
+    }
+}
+static unsigned clock_max(const sim_gpu *g, int type) {
+    switch (type) {
+    case 0: case 1: return g->sm_clock_max_mhz;
+    case 2: return g->mem_clock_mhz;
+    case 3: return g->sm_clock_max_mhz * 9 / 10;
+    default: return 0;
+    }
+}
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned int *mhz) {
+    BEGIN(dev) NEED(mhz)
+    if (type < 0 || type > 3) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    *mhz = clock_now(g, type);
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t dev, int type, unsigned int *mhz) {
+    BEGIN(dev) NEED(mhz)
+    if (type < 0 || type > 3) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    *mhz = clock_max(g, type);
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t dev, int type, int id, unsigned int *mhz) {
+    BEGIN(dev) NEED(mhz)
+    if (type < 0 || type > 3) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    switch (id) {
+    case 0: *mhz = clock_now(g, type); break;
+    case 1: case 2: *mhz = type == 2 ? g->mem_clock_mhz : g->sm_clock_base_mhz; break;
+    case 3: *mhz = clock_max(g, type); break;
+    default: FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t dev, int type, unsigned int *mhz) {
+    return nvmlDeviceGetClock(dev, type, 1, mhz);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t dev, int type, unsigned int *mhz) {
+    return nvmlDeviceGetClock(dev, type, 2, mhz);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *r) {
+    BEGIN(dev) NEED(r) *r = g->reasons; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *r) {
+    return nvmlDeviceGetCurrentClocksEventReasons(dev, r);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t dev, unsigned long long *r) {
+    BEGIN(dev) NEED(r) *r = REASONS_SUPPORTED; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *r) {
+    return nvmlDeviceGetSupportedClocksEventReasons(dev, r);
+}
+
+/* ---------------------------------------------------------------- PCIe */
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter, unsigned int *kb_per_s) {
+    BEGIN(dev) NEED(kb_per_s)
+    double rx = g->pcie_bytes_per_s_full * g->hist[g->k % HISTORY].util / 100.0;
+    if (counter == 0) *kb_per_s = (unsigned)(rx * 0.25 / 1024.0);
+    else if (counter == 1) *kb_per_s = (unsigned)(rx / 1024.0);
+    else FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    DONE
+}
+
+/* ---------------------------------------------------------------- processes */
+
+static int holder_alive(const sim_gpu *g) {
+    if (g->holder_pid <= 0) return 0;
+    return kill((pid_t)g->holder_pid, 0) == 0 || errno == EPERM;
+}
+
+static nvmlReturn_t fill_processes(sim_gpu *g, unsigned int *count, void *infos, size_t stride, int v1) {
+    unsigned n = holder_alive(g) ? 1 : 0;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!infos || *count < n) {
+        *count = n;
+        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    *count = n;
+    if (n) {
+        unsigned char *p = infos;
+        memset(p, 0, stride);
+        unsigned pid = (unsigned)g->holder_pid;
+        unsigned long long mem = (unsigned long long)g->holder_mem_bytes;
+        memcpy(p, &pid, 4);
+        memcpy(p + 8, &mem, 8);
+        if (!v1) {
+            unsigned none = 0xFFFFFFFFu; /* not in a MIG instance */
+            memcpy(p + 16, &none, 4);
+            memcpy(p + 20, &none, 4);
+        }
+    }
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
+    BEGIN(dev) rc_ = fill_processes(g, count, infos, 24, 0); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count, void *infos) {
+    BEGIN(dev) rc_ = fill_processes(g, count, infos, 24, 0); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *count, void *infos) {
+    BEGIN(dev) rc_ = fill_processes(g, count, infos, 16, 1); DONE
+}
+static nvmlReturn_t no_processes(unsigned int *count) {
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
+    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count, void *infos) {
+    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t dev, unsigned int *count, void *infos) {
+    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
+    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+}
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *s,
+                                                    unsigned int *count, unsigned long long last_seen_us) {
+    BEGIN(dev) NEED(count)
+    const sim_hist *h = &g->hist[g->k % HISTORY];
+    if (!holder_alive(g) || (unsigned long long)h->t_us <= last_seen_us) FAIL(NVML_ERROR_NOT_FOUND);
+    if (!s || *count < 1) { *count = 1; FAIL(NVML_ERROR_INSUFFICIENT_SIZE); }
+    s->pid = (unsigned)g->holder_pid;
+    s->timeStamp = (unsigned long long)h->t_us;
+    s->smUtil = h->util;
+    s->memUtil = h->mem_util;
+    s->encUtil = s->decUtil = 0;
+    *count = 1;
+    DONE
+}
+
+/* ---------------------------------------------------------------- field values and samples */
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    signed int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    int valueType;
+    int nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+enum { VT_DOUBLE = 0, VT_UINT = 1, VT_ULL = 3, VT_SLL = 4, VT_SINT = 5 };
+
+static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
+    unsigned mw;
+    switch (f->fieldId) {
+    case 82: /* MEMORY_TEMP */
+        if (!g->mem_temp_supported) return NVML_ERROR_NOT_SUPPORTED;
+        f->valueType = VT_UINT; f->value.uiVal = temp_reading(g->mem_temp_c); return NVML_SUCCESS;
+    case 83: case 191: /* TOTAL_ENERGY_CONSUMPTION, ENERGY (mJ) */
+        f->valueType = VT_ULL; f->value.ullVal = (unsigned long long)(g->energy_j * 1000.0); return NVML_SUCCESS;
+    case 185: /* POWER_AVERAGE: not on GA100 */
+        if (!g->power_usage_is_average) return NVML_ERROR_NOT_SUPPORTED;
+        f->valueType = VT_UINT; f->value.uiVal = power_usage_mw(g); return NVML_SUCCESS;
+    case 186: /* POWER_INSTANT */
+        f->valueType = VT_UINT; f->value.uiVal = g->hist[g->k % HISTORY].power_mw; return NVML_SUCCESS;
+    case 187: mw = (unsigned)(g->limit_min_w * 1000 + 0.5); break;
+    case 188: mw = (unsigned)(g->limit_max_w * 1000 + 0.5); break;
+    case 189: mw = (unsigned)(g->limit_default_w * 1000 + 0.5); break;
+    case 190: case 192: mw = (unsigned)(g->limit_w * 1000 + 0.5); break;
+    case 195: /* TEMPERATURE_MEM_MAX_TLIMIT: margin to the memory limit */
+        if (!g->mem_temp_supported) return NVML_ERROR_NOT_SUPPORTED;
+        f->valueType = VT_SINT; f->value.siVal = g->mem_max_c - (int)temp_reading(g->mem_temp_c); return NVML_SUCCESS;
+    case 196: /* TEMPERATURE_GPU_MAX_TLIMIT */
+        f->valueType = VT_SINT; f->value.siVal = g->gpu_max_c - (int)temp_reading(g->temp_c); return NVML_SUCCESS;
+    case 197: f->valueType = VT_ULL; f->value.ullVal = (unsigned long long)g->pcie_tx_bytes; return NVML_SUCCESS;
+    case 198: f->valueType = VT_ULL; f->value.ullVal = (unsigned long long)g->pcie_rx_bytes; return NVML_SUCCESS;
+    default: return NVML_ERROR_NOT_SUPPORTED;
+    }
+    f->valueType = VT_UINT;
+    f->value.uiVal = mw;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int n, nvmlFieldValue_t *values) {
+    BEGIN(dev)
+    if (n <= 0 || !values) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    int any = 0;
+    long long ts_us = g->hist[g->k % HISTORY].t_us;
+    for (int i = 0; i < n; i++) {
+        nvmlFieldValue_t *f = &values[i];
+        f->timestamp = ts_us;
+        f->latencyUsec = 0;
+        f->value.ullVal = 0;
+        f->nvmlReturn = f->scopeId > 1 ? NVML_ERROR_NOT_SUPPORTED : read_field(g, f);
+        any |= f->nvmlReturn == NVML_SUCCESS;
+    }
+    (void)any; /* like the driver: per-field status, SUCCESS for the call */
+    DONE
+}
+
+typedef struct { unsigned long long timeStamp; nvmlValue_t sampleValue; } nvmlSample_t;
+
+static int sample_value(const sim_hist *h, int type, unsigned *v) {
+    switch (type) {
+    case 0: *v = h->power_mw; return 1;
+    case 1: *v = h->util; return 1;
+    case 2: *v = h->mem_util; return 1;
+    case 3: case 4: *v = 0; return 1;
+    case 5: *v = h->sm_mhz; return 1;
+    case 6: *v = h->mem_mhz; return 1;
+    default: return 0;
+    }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t dev, int type, unsigned long long last_seen_us,
+                                         int *value_type, unsigned int *count, nvmlSample_t *samples) {
+    BEGIN(dev) NEED(value_type) NEED(count)
+    unsigned dummy;
+    if (!sample_value(&g->hist[0], type, &dummy)) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    *value_type = VT_UINT;
+    if (!samples) { *count = g->n_hist; FAIL(NVML_SUCCESS); }
+    unsigned out = 0;
+    for (int64_t i = (int64_t)g->n_hist - 1; i >= 0; i--) {
+        const sim_hist *h = &g->hist[(g->k - i) % HISTORY];
+        if ((unsigned long long)h->t_us <= last_seen_us) continue;
+        if (out == *count) break;
+        samples[out].timeStamp = (unsigned long long)h->t_us;
+        samples[out].sampleValue.ullVal = 0;
+        sample_value(h, type, &samples[out].sampleValue.uiVal);
+        out++;
+    }
+    *count = out;
+    if (!out) FAIL(NVML_ERROR_NOT_FOUND);
+    DONE
+}

@@ -1,0 +1,344 @@
+"""GPU profiles for the simulator: real datasheet figures plus the documented thermal ground truth.
+
+Identity, memory, power limits, clocks and temperature thresholds are the figures the real parts
+report (NVIDIA datasheets and public ``nvidia-smi -q`` dumps). Idle power and the thermal RC
+parameters (``r_th_c_per_w``, ``tau_s``, ``ambient_c``) are not published by NVIDIA: they are chosen
+to be representative and are the *ground truth* the model fits are checked against
+(``docs/simulator.md`` lists them all and is checked against this table by the tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+GIB = 1024**3
+MIB = 1024**2
+
+# nvmlDeviceArchitecture_t
+ARCH_AMPERE = 7
+ARCH_ADA = 8
+ARCH_HOPPER = 9
+
+# nvmlBrandType_t
+BRAND_TESLA = 2
+BRAND_GEFORCE = 5
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """Everything the C library needs to simulate one GPU model. Units are in the names."""
+
+    name: str  # the profile's name on the command line
+    nvml_name: str  # what nvmlDeviceGetName returns
+    architecture: int
+    brand: int
+    cuda_cc_major: int
+    cuda_cc_minor: int
+    pci_device_id: int  # (device << 16) | vendor, as in nvmlPciInfo_t.pciDeviceId
+    memory_total_bytes: int
+    memory_reserved_bytes: int  # used by the driver even with no process
+    # power
+    idle_w: float
+    peak_demand_w: float  # what the chip would draw at 100 % utilization without a power cap
+    limit_default_w: float  # TDP; the enforced limit until someone sets another
+    limit_min_w: float
+    limit_max_w: float
+    power_usage_is_average: bool  # GetPowerUsage: 1 s average on Ampere (not GA100) and newer
+    # thermal ground truth: C dT/dt = P - (T - T_amb)/R, tau = R C
+    ambient_c: float
+    r_th_c_per_w: float
+    tau_s: float
+    mem_r_th_c_per_w: float
+    mem_tau_s: float
+    mem_temp_supported: bool
+    # thresholds (nvmlTemperatureThresholds_t)
+    shutdown_c: int
+    slowdown_c: int
+    gpu_max_c: int
+    mem_max_c: int
+    # clocks
+    sm_clock_max_mhz: int
+    sm_clock_base_mhz: int
+    sm_clock_idle_mhz: int
+    mem_clock_mhz: int
+    throttle_clock_factor: float  # clock and dynamic-power factor while thermally slowed down
+    # cooling: fans only on fan-cooled cards; passive parts answer NOT_SUPPORTED
+    fan_count: int
+    fan_min_pct: int
+    fan_t_low_c: float  # fan at its minimum below this temperature
+    fan_t_high_c: float  # fan at 100 % above this temperature
+    # other activity, proportional to utilization
+    mem_util_per_util: float
+    pcie_bytes_per_s_at_full_util: float
+    pcie_gen: int
+    pcie_width: int
+    ecc_supported: bool
+
+    @property
+    def passive(self) -> bool:
+        return self.fan_count == 0
+
+    def power_w(self, util_pct: float, limit_w: float | None = None) -> float:
+        """Steady power at a utilization, capped by the power limit (no thermal slowdown)."""
+        demand_w = self.idle_w + (self.peak_demand_w - self.idle_w) * util_pct / 100.0
+        return min(demand_w, self.limit_default_w if limit_w is None else limit_w)
+
+    def steady_temp_c(self, power_w: float) -> float:
+        return self.ambient_c + self.r_th_c_per_w * power_w
+
+
+_DATACENTER = dict(
+    brand=BRAND_TESLA,
+    fan_count=0,
+    fan_min_pct=0,
+    fan_t_low_c=0.0,
+    fan_t_high_c=0.0,
+    ecc_supported=True,
+    mem_temp_supported=True,
+    throttle_clock_factor=0.7,
+)
+
+PROFILES: dict[str, GpuProfile] = {
+    p.name: p
+    for p in [
+        GpuProfile(
+            name="A100-SXM4-80GB",
+            nvml_name="NVIDIA A100-SXM4-80GB",
+            architecture=ARCH_AMPERE,
+            cuda_cc_major=8,
+            cuda_cc_minor=0,
+            pci_device_id=0x20B210DE,
+            memory_total_bytes=81920 * MIB,
+            memory_reserved_bytes=512 * MIB,
+            idle_w=55.0,
+            peak_demand_w=440.0,
+            limit_default_w=400.0,
+            limit_min_w=100.0,
+            limit_max_w=400.0,
+            power_usage_is_average=False,  # GA100 reports instantaneous power
+            ambient_c=30.0,
+            r_th_c_per_w=0.11,
+            tau_s=25.0,
+            mem_r_th_c_per_w=0.09,
+            mem_tau_s=40.0,
+            shutdown_c=92,
+            slowdown_c=89,
+            gpu_max_c=85,
+            mem_max_c=95,
+            sm_clock_max_mhz=1410,
+            sm_clock_base_mhz=1095,
+            sm_clock_idle_mhz=210,
+            mem_clock_mhz=1593,
+            mem_util_per_util=0.45,
+            pcie_bytes_per_s_at_full_util=4.0e9,
+            pcie_gen=4,
+            pcie_width=16,
+            **_DATACENTER,  # type: ignore[arg-type]
+        ),
+        GpuProfile(
+            name="H100-SXM5-80GB",
+            nvml_name="NVIDIA H100 80GB HBM3",
+            architecture=ARCH_HOPPER,
+            cuda_cc_major=9,
+            cuda_cc_minor=0,
+            pci_device_id=0x233010DE,
+            memory_total_bytes=81559 * MIB,
+            memory_reserved_bytes=530 * MIB,
+            idle_w=70.0,
+            peak_demand_w=760.0,
+            limit_default_w=700.0,
+            limit_min_w=200.0,
+            limit_max_w=700.0,
+            power_usage_is_average=True,
+            ambient_c=30.0,
+            r_th_c_per_w=0.07,
+            tau_s=30.0,
+            mem_r_th_c_per_w=0.06,
+            mem_tau_s=45.0,
+            shutdown_c=92,
+            slowdown_c=89,
+            gpu_max_c=87,
+            mem_max_c=95,
+            sm_clock_max_mhz=1980,
+            sm_clock_base_mhz=1590,
+            sm_clock_idle_mhz=345,
+            mem_clock_mhz=2619,
+            mem_util_per_util=0.5,
+            pcie_bytes_per_s_at_full_util=8.0e9,
+            pcie_gen=5,
+            pcie_width=16,
+            **_DATACENTER,  # type: ignore[arg-type]
+        ),
+        GpuProfile(
+            name="H200-SXM-141GB",
+            nvml_name="NVIDIA H200",
+            architecture=ARCH_HOPPER,
+            cuda_cc_major=9,
+            cuda_cc_minor=0,
+            pci_device_id=0x233510DE,
+            memory_total_bytes=143771 * MIB,
+            memory_reserved_bytes=560 * MIB,
+            idle_w=75.0,
+            peak_demand_w=760.0,
+            limit_default_w=700.0,
+            limit_min_w=200.0,
+            limit_max_w=700.0,
+            power_usage_is_average=True,
+            ambient_c=30.0,
+            r_th_c_per_w=0.068,
+            tau_s=32.0,
+            mem_r_th_c_per_w=0.058,
+            mem_tau_s=48.0,
+            shutdown_c=92,
+            slowdown_c=89,
+            gpu_max_c=87,
+            mem_max_c=95,
+            sm_clock_max_mhz=1980,
+            sm_clock_base_mhz=1590,
+            sm_clock_idle_mhz=345,
+            mem_clock_mhz=3201,
+            mem_util_per_util=0.55,
+            pcie_bytes_per_s_at_full_util=8.0e9,
+            pcie_gen=5,
+            pcie_width=16,
+            **_DATACENTER,  # type: ignore[arg-type]
+        ),
+        GpuProfile(
+            name="L4",
+            nvml_name="NVIDIA L4",
+            architecture=ARCH_ADA,
+            cuda_cc_major=8,
+            cuda_cc_minor=9,
+            pci_device_id=0x27B810DE,
+            memory_total_bytes=23034 * MIB,
+            memory_reserved_bytes=300 * MIB,
+            idle_w=16.0,
+            peak_demand_w=78.0,
+            limit_default_w=72.0,
+            limit_min_w=40.0,
+            limit_max_w=72.0,
+            power_usage_is_average=True,
+            ambient_c=30.0,
+            r_th_c_per_w=0.70,
+            tau_s=40.0,
+            mem_r_th_c_per_w=0.60,
+            mem_tau_s=55.0,
+            shutdown_c=95,
+            slowdown_c=92,
+            gpu_max_c=88,
+            mem_max_c=95,
+            sm_clock_max_mhz=2040,
+            sm_clock_base_mhz=795,
+            sm_clock_idle_mhz=210,
+            mem_clock_mhz=6251,
+            mem_util_per_util=0.4,
+            pcie_bytes_per_s_at_full_util=2.0e9,
+            pcie_gen=4,
+            pcie_width=16,
+            **_DATACENTER,  # type: ignore[arg-type]
+        ),
+        GpuProfile(
+            name="RTX-4090",
+            nvml_name="NVIDIA GeForce RTX 4090",
+            architecture=ARCH_ADA,
+            brand=BRAND_GEFORCE,
+            cuda_cc_major=8,
+            cuda_cc_minor=9,
+            pci_device_id=0x268410DE,
+            memory_total_bytes=24564 * MIB,
+            memory_reserved_bytes=400 * MIB,
+            idle_w=20.0,
+            peak_demand_w=480.0,
+            limit_default_w=450.0,
+            limit_min_w=150.0,
+            limit_max_w=600.0,
+            power_usage_is_average=True,
+            ambient_c=25.0,
+            r_th_c_per_w=0.11,
+            tau_s=20.0,
+            mem_r_th_c_per_w=0.10,
+            mem_tau_s=30.0,
+            mem_temp_supported=False,  # GeForce boards do not expose the memory sensor through NVML
+            shutdown_c=95,
+            slowdown_c=92,
+            gpu_max_c=90,
+            mem_max_c=95,
+            sm_clock_max_mhz=2520,
+            sm_clock_base_mhz=2235,
+            sm_clock_idle_mhz=210,
+            mem_clock_mhz=10501,
+            throttle_clock_factor=0.7,
+            fan_count=2,
+            fan_min_pct=30,
+            fan_t_low_c=40.0,
+            fan_t_high_c=83.0,
+            mem_util_per_util=0.35,
+            pcie_bytes_per_s_at_full_util=4.0e9,
+            pcie_gen=4,
+            pcie_width=16,
+            ecc_supported=False,
+        ),
+    ]
+}
+
+
+class UnknownProfileError(ValueError):
+    pass
+
+
+def get_profile(name: str) -> GpuProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        known = ", ".join(PROFILES)
+        raise UnknownProfileError(f"unknown GPU profile {name!r}; known profiles: {known}") from None
+
+
+def parse_profile_list(spec: str, gpus: int | None, default_count: int = 1) -> list[GpuProfile]:
+    """``H100-SXM5-80GB`` or ``4xH100-SXM5-80GB,2xL4`` -> one profile per GPU.
+
+    A single profile without a count is repeated ``gpus`` times (``default_count`` when ``gpus`` is
+    None); a list must describe exactly ``gpus`` GPUs when both are given.
+    """
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts:
+        raise UnknownProfileError("empty --profile")
+    result: list[GpuProfile] = []
+    counted = False
+    for part in parts:
+        count_str, sep, name = part.partition("x")
+        if sep and count_str.isdigit():
+            counted = True
+            result.extend([get_profile(name)] * int(count_str))
+        else:
+            result.append(get_profile(part))
+    if len(result) == 1 and not counted:
+        return result * (default_count if gpus is None else gpus)
+    if gpus is None:
+        return result
+    if len(result) != gpus:
+        raise UnknownProfileError(f"--profile {spec!r} describes {len(result)} GPUs but --gpus is {gpus}")
+    return result
+
+
+def with_overrides(profile: GpuProfile, overrides: dict[str, str]) -> GpuProfile:
+    """A copy of ``profile`` with some numeric parameters replaced (``--set 3.r_th_c_per_w=0.09``)."""
+    fields = {f.name: f for f in dataclasses.fields(GpuProfile)}
+    changes: dict[str, object] = {}
+    for key, raw in overrides.items():
+        if key not in fields or key in ("name", "nvml_name"):
+            raise UnknownProfileError(f"cannot override {key!r}; parameters: {', '.join(sorted(fields))}")
+        current = getattr(profile, key)
+        try:
+            if isinstance(current, bool):
+                if raw.lower() not in ("0", "1", "true", "false"):
+                    raise ValueError(raw)
+                changes[key] = raw.lower() in ("1", "true")
+            elif isinstance(current, int):
+                changes[key] = int(raw)
+            else:
+                changes[key] = float(raw)
+        except ValueError:
+            raise UnknownProfileError(f"bad value {raw!r} for {key}") from None
+    return dataclasses.replace(profile, **changes)  # type: ignore[arg-type]

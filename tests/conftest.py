@@ -1,0 +1,47 @@
+"""Fixtures shared by all tests: one real InfluxDB and one real Mosquitto per session, on free ports.
+
+Tests that kill or restart a server construct their own (``InfluxDBServer(tmp_path)``,
+``MosquittoServer(tmp_path)``) so the shared ones stay up for everybody else.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer, MosquittoServer
+
+
+@pytest.fixture(scope="session")
+def influxdb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxDBServer]:
+    """The session's InfluxDB (started on first use, stopped at the end of the session)."""
+    with InfluxDBServer(tmp_path_factory.mktemp("influxdb")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def mosquitto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoServer]:
+    """The session's Mosquitto broker: anonymous clients allowed, no persistence."""
+    with MosquittoServer(tmp_path_factory.mktemp("mosquitto")) as server:
+        yield server
+
+
+@pytest.fixture
+def influxdb(influxdb_server: InfluxDBServer, request: pytest.FixtureRequest) -> Iterator[InfluxDBDatabase]:
+    """The session's InfluxDB and a fresh database named after the test, dropped afterwards."""
+    influxdb_server.start()  # no-op unless a test stopped the shared server
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:40]
+    name = f"t_{stem}_{uuid.uuid4().hex[:8]}"
+    influxdb_server.create_database(name)
+    yield InfluxDBDatabase(influxdb_server, name)
+    if influxdb_server.running:
+        influxdb_server.drop_database(name)
+
+
+@pytest.fixture
+def mqtt_broker(mosquitto_server: MosquittoServer) -> MosquittoServer:
+    """The session's Mosquitto broker (started again if an earlier test stopped it)."""
+    return mosquitto_server.start()

@@ -1,0 +1,1 @@
+"""The bundled PyTorch workloads, run in phases (see DESIGN.md)."""
