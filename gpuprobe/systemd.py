@@ -1,0 +1,140 @@
+"""systemd integration shared by the agent and the collector: hardened units and ``sd_notify``.
+
+``render_unit`` writes the unit text for ``gpuprobe install agent|collector``; ``Notifier`` speaks the
+notify protocol (READY=1, WATCHDOG=1, STATUS=..., STOPPING=1) over the datagram socket that systemd
+names in ``NOTIFY_SOCKET``. Without that variable (not started by systemd) every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """What differs between gpuprobe's services; everything else is the same hardening."""
+
+    description: str
+    exec_start: Sequence[str]  # absolute program path first
+    user: str = "gpuprobe"
+    state_directory: str = "gpuprobe"  # /var/lib/<this>, owned by the service user
+    watchdog_s: int = 30
+    after: Sequence[str] = ("network-online.target",)
+    environment: dict[str, str] = field(default_factory=dict)
+    supplementary_groups: Sequence[str] = ()
+    device_allow: Sequence[str] = ()  # e.g. /dev/nvidiactl rw, for the agent
+    timeout_stop_s: int = 30
+
+
+def render_unit(spec: UnitSpec) -> str:
+    if not spec.exec_start or not spec.exec_start[0].startswith("/"):
+        raise ValueError(f"ExecStart must start with an absolute path, not {spec.exec_start!r}")
+    lines = [
+        "[Unit]",
+        f"Description={spec.description}",
+        f"After={' '.join(spec.after)}",
+        f"Wants={' '.join(spec.after)}",
+        "",
+        "[Service]",
+        "Type=notify",
+        "NotifyAccess=main",
+        f"ExecStart={shlex.join(spec.exec_start)}",
+        "Restart=on-failure",
+        "RestartSec=2",
+        f"WatchdogSec={spec.watchdog_s}",
+        f"TimeoutStopSec={spec.timeout_stop_s}",
+        f"User={spec.user}",
+        f"Group={spec.user}",
+        "DynamicUser=no",
+        f"StateDirectory={spec.state_directory}",
+        "StateDirectoryMode=0750",
+        "ConfigurationDirectory=gpuprobe",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectControlGroups=yes",
+        "RestrictSUIDSGID=yes",
+        "RestrictRealtime=yes",
+        "LockPersonality=yes",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+        "CapabilityBoundingSet=",
+        "AmbientCapabilities=",
+    ]
+    for group in spec.supplementary_groups:
+        lines.append(f"SupplementaryGroups={group}")
+    for device in spec.device_allow:
+        lines.append(f"DeviceAllow={device}")
+    for key, value in sorted(spec.environment.items()):
+        lines.append(f"Environment={shlex.quote(f'{key}={value}')}")
+    lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
+    return "\n".join(lines)
+
+
+class Notifier:
+    """``sd_notify`` without libsystemd: one datagram per message to ``$NOTIFY_SOCKET``."""
+
+    def __init__(self, socket_path: str | None = None) -> None:
+        path = socket_path if socket_path is not None else os.environ.get("NOTIFY_SOCKET")
+        self._address: str | bytes | None = None
+        if path:
+            # a leading '@' names a socket in the abstract namespace
+            self._address = b"\0" + path[1:].encode() if path.startswith("@") else path
+        self._sock: socket.socket | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._address is not None
+
+    def send(self, *assignments: str) -> bool:
+        if self._address is None:
+            return False
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.sendto("\n".join(assignments).encode(), self._address)
+        except OSError:
+            return False
+        return True
+
+    def ready(self, status: str | None = None) -> bool:
+        return self.send("READY=1", *([f"STATUS={status}"] if status else []))
+
+    def watchdog(self) -> bool:
+        return self.send("WATCHDOG=1")
+
+    def status(self, text: str) -> bool:
+        return self.send(f"STATUS={text}")
+
+    def stopping(self) -> bool:
+        return self.send("STOPPING=1")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def watchdog_interval_s(environ: dict[str, str] | None = None) -> float | None:
+    """Half the watchdog timeout systemd set for this process (ping at least that often), or None."""
+    env = os.environ if environ is None else environ
+    usec = env.get("WATCHDOG_USEC")
+    pid = env.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return int(usec) / 2e6
+    except ValueError:
+        return None
+
+
+def staged_path(root: Path | None, absolute: str) -> Path:
+    """``/etc/gpuprobe/agent.toml`` under ``--root DIR`` (or the real path when root is None)."""
+    return Path(absolute) if root is None else root / absolute.lstrip("/")
