@@ -113,7 +113,13 @@ def _load(values: dict[str, Any], args: argparse.Namespace) -> int:
     try:
         state_dir = _state_dir(values)
         config = state.load(state_dir)
-        for i in _gpu_indices(values["gpu"], config):
+        indices = _gpu_indices(values["gpu"], config)
+        for i in indices:
+            profile = config.gpus[i].profile
+            free_bytes = profile.memory_total_bytes - profile.memory_reserved_bytes
+            if not 0 <= values["mem_used_bytes"] <= free_bytes:
+                raise state.SimStateError(f"--mem-used-bytes must be between 0 and {free_bytes} on GPU {i}")
+        for i in indices:
             t_ns = state.set_load(state_dir, i, values["util"], values["pid"], values["mem_used_bytes"])
         effective_ns = config.next_tick_ns(t_ns)
         print(f"utilization {values['util']:g} % on GPU {values['gpu']} from {effective_ns} (unix ns)")

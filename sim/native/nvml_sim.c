@@ -291,22 +291,24 @@ static void begin_tick(sim_gpu *g, int64_t k) {
     apply_events_until(g, t_k);
     if (g->temp_c >= g->slowdown_c) g->slowed = 1;
     else if (g->temp_c < g->slowdown_c - 3) g->slowed = 0;
-    double unslowed = power_of(g, g->util, g->limit_w, 0);
     double demand = g->idle_w + (g->peak_demand_w - g->idle_w) * g->util / 100.0;
+    /* what it would draw at the clocks thermal slowdown allows, before the power cap */
+    double thermal = g->slowed ? g->throttle_clock_factor : 1.0;
+    double wanted = g->idle_w + (demand - g->idle_w) * thermal;
     g->power_w = power_of(g, g->util, g->limit_w, g->slowed);
     g->reasons = 0;
     double clock_factor = 1.0;
     if (g->util == 0) {
         g->reasons |= REASON_GPU_IDLE;
     } else {
-        if (demand > g->limit_w + 1e-9) {
+        /* the clock scales with the dynamic power actually drawn; the power cap is a reason only
+         * while it is what holds the power down */
+        clock_factor = thermal;
+        if (wanted > g->limit_w + 1e-9) {
             g->reasons |= REASON_SW_POWER_CAP;
-            clock_factor = (unslowed - g->idle_w) / (demand - g->idle_w);
+            clock_factor = (g->power_w - g->idle_w) / (demand - g->idle_w);
         }
-        if (g->slowed) {
-            g->reasons |= REASON_HW_SLOWDOWN | REASON_HW_THERMAL;
-            clock_factor *= g->throttle_clock_factor;
-        }
+        if (g->slowed) g->reasons |= REASON_HW_SLOWDOWN | REASON_HW_THERMAL;
     }
     if (g->util == 0) {
         g->sm_mhz = g->sm_clock_idle_mhz;
@@ -407,8 +409,12 @@ static unsigned power_usage_mw(const sim_gpu *g) {
     return (unsigned)(sum / (double)want + 0.5);
 }
 
+static int holder_alive(const sim_gpu *g);
+
+/* A holder's memory is freed when it exits, like the driver does (pid 0: memory with no process). */
 static unsigned long long mem_used_bytes(const sim_gpu *g) {
-    return g->memory_reserved_bytes + (unsigned long long)(g->holder_mem_bytes > 0 ? g->holder_mem_bytes : 0);
+    int held = g->holder_mem_bytes > 0 && (g->holder_pid <= 0 || holder_alive(g));
+    return g->memory_reserved_bytes + (held ? (unsigned long long)g->holder_mem_bytes : 0ULL);
 }
 
 /* ---------------------------------------------------------------- init and system */

@@ -1,0 +1,76 @@
+"""Values update on the driver's cadence, and every process sees the same machine."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import defaultdict
+
+POLL = """
+seen = []
+t0 = time.time()
+loads = list({loads!r})
+last_ts = None
+while time.time() - t0 < {seconds}:
+    ts, s = snapshot(H[0])
+    if ts != last_ts and last_ts is not None and loads:
+        set_load(0, loads.pop(0))  # takes effect at the next boundary
+    last_ts = ts
+    seen.append([ts, s])
+    time.sleep({sleep})
+emit(seen)
+"""
+
+
+def test_values_constant_within_a_period_and_change_across(sim):
+    period_s = 0.5
+    machine = sim.machine("H100-SXM5-80GB", period_s=period_s, tau_s=1.0)
+    machine.set_load(0, 30)
+    readings = sim.run(machine, POLL.format(loads=[60, 90, 100, 45], seconds=3.2, sleep=0.02))
+    by_tick: dict[int, list[dict]] = defaultdict(list)
+    for ts, s in readings:
+        by_tick[ts].append(s)
+    ticks = sorted(by_tick)
+    assert len(ticks) >= 6
+    period_us = round(period_s * 1e6)
+    assert all(b - a == period_us for a, b in itertools.pairwise(ticks))
+    # constant inside a period, however many times it is read
+    for ts in ticks:
+        assert len(by_tick[ts]) >= 3 or ts in (ticks[0], ticks[-1])
+        assert all(s == by_tick[ts][0] for s in by_tick[ts]), ts
+    per_tick = [by_tick[ts][0] for ts in ticks]
+    # ...and moving from one period to the next under load
+    energies = [s["energy_mj"] for s in per_tick]
+    assert all(b > a for a, b in itertools.pairwise(energies))
+    temps = [s["temp_c"] for s in per_tick if s["util"]]
+    assert all(b > a for a, b in itertools.pairwise(temps[:4])), temps  # heating, tau = 2 periods
+    for key in ("util", "power_instant_mw", "power_usage_mw", "sm_mhz"):
+        assert len({s[key] for s in per_tick}) >= 3, (key, [s[key] for s in per_tick])
+
+
+def test_processes_agree_on_every_tick(sim):
+    """Two processes reading the same GPU in the same tick see identical values.
+
+    The machine was created an hour ago (so the second process replays 72 000 ticks on its first
+    call), and the load changes every ~70 ms while both poll, so both must attribute every event
+    to the same tick.
+    """
+    machine = sim.machine("H100-SXM5-80GB", gpus=1, period_s=0.05, tau_s=1.0, start_ns=time.time_ns() - 3600 * 10**9)
+    machine.set_load(0, 40)
+    early = sim.spawn(machine, POLL.format(loads=[], seconds=3.0, sleep=0.003))
+    time.sleep(0.5)
+    late = None
+    for i in range(24):
+        machine.set_load(0, (i * 37) % 101)
+        time.sleep(0.067)
+        if i == 6:
+            late = sim.spawn(machine, POLL.format(loads=[], seconds=1.5, sleep=0.003))
+    a = {ts: s for ts, s in sim.collect(early)}
+    b = {ts: s for ts, s in sim.collect(late)}
+    common = sorted(set(a) & set(b))
+    assert len(common) >= 15
+    for ts in common:
+        assert a[ts] == b[ts], ts
+    # the overlap spans load changes, clock and temperature movement
+    assert len({a[ts]["util"] for ts in common}) >= 5
+    assert len({a[ts]["temp_c"] for ts in common}) >= 2
