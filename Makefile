@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := influxdb mosquitto libportaudio2 sox gcc
+APT_PACKAGES := influxdb mosquitto libportaudio2 sox gcc chromium systemd
 STAMP := $(VENV)/.installed
 
 .PHONY: help demo test deps system-deps venv node sim proto lint typecheck unit clean
@@ -32,7 +32,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[agent,collector,sim,dev]'
+	$(PY) -m pip install -q -e '.[agent,collector,sim,trainer,model,dev]'
 	@touch $@
 
 node: node_modules/.package-lock.json

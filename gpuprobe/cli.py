@@ -32,15 +32,30 @@ class Command:
 
 GROUP_HELP = {
     "sim": "simulated GPUs at the NVML interface",
+    "install": "install a gpuprobe service (systemd unit and configuration)",
+    "probe": "fleet-wide training probes over MQTT (signed commands, progress, results)",
 }
 
 
 def all_commands() -> list[Command]:
     # imported here so that `gpuprobe --help` costs only what the registered parts import
     from gpuprobe import demo
+    from gpuprobe.agent import cli as agent_cli
+    from gpuprobe.collector import cli as collector_cli
+    from gpuprobe.control import cli as control_cli
+    from gpuprobe.model import cli as model_cli
     from gpuprobe.sim import cli as sim_cli
+    from gpuprobe.trainer import cli as trainer_cli
 
-    return [*sim_cli.COMMANDS, *demo.COMMANDS]
+    return [
+        *sim_cli.COMMANDS,
+        *demo.COMMANDS,
+        *agent_cli.COMMANDS,
+        *collector_cli.COMMANDS,
+        *trainer_cli.COMMANDS,
+        *control_cli.COMMANDS,
+        *model_cli.COMMANDS,
+    ]
 
 
 def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:

@@ -94,7 +94,7 @@ def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> N
     """Adds flags whose absence is visible (``argparse.SUPPRESS``), so lower sources can fill in."""
     for opt in options:
         where = f"env {opt.env_var}"
-        default = "" if opt.default is None or opt.default == [] else f"; default {opt.default}"
+        default = "" if opt.default in (None, [], "") else f"; default {opt.default}"
         help_text = f"{opt.help} ({where}{default})"
         if opt.is_flag:
             parser.add_argument(

@@ -1,194 +1,269 @@
-"""``gpuprobe demo``: the whole system on one machine, as far as it exists today.
+"""``gpuprobe demo``: the whole system on one machine, with simulated GPUs, ending in a model report.
 
-Today that is the simulated fleet hardware read through the real NVML path: a simulated machine of
-mixed GPUs goes through the phases a probe will use (idle baseline, steady load, cool-down) while a
-sampler reads every GPU through the official ``pynvml`` at 10 Hz; the summary compares what NVML
-reported with the simulator's documented ground truth (energy counter against the integral of
-power, temperature against the RC curve). As the agent, collector, trainer and models land, the demo
-grows into the full pipeline ending in the model report.
+In a temporary directory it starts a real InfluxDB and a real Mosquitto, a collector (TLS and a
+bearer token per agent), and two simulated nodes of four GPUs each (``gpuprobe sim run … --
+gpuprobe agent``, the control plane embedded); it signs and starts a short ResNet-50 probe on both
+nodes over MQTT, follows its progress, collects the results, fits the thermal, acoustic and
+efficiency models from InfluxDB and writes the HTML report. Every process is stopped and the
+temporary directory removed at the end; the report stays in ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import contextlib
 import json
-import math
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
 
 from gpuprobe.cli import Command
 from gpuprobe.config import Option
 
-DEMO_PROFILES = "2xH100-SXM5-80GB,2xA100-SXM4-80GB,L4,RTX-4090"
-STEADY_UTIL_PCT = [100, 70, 100, 60, 90, 80]
-SAMPLE_INTERVAL_S = 0.1
+NODES = {"node-a": "4xH100-SXM5-80GB", "node-b": "2xA100-SXM4-80GB,L4,RTX-4090"}
+DB = "gpuprobe"
 
 
-@dataclass(frozen=True)
-class Phases:
-    idle_s: float
-    steady_s: float
-    cooldown_s: float
-
-    @property
-    def total_s(self) -> float:
-        return self.idle_s + self.steady_s + self.cooldown_s
+class DemoError(RuntimeError):
+    pass
 
 
-def _sample(phases: Phases) -> dict[str, Any]:
-    """Runs inside the simulated machine: drives the load phases and reads every GPU at 10 Hz."""
-    import pynvml
+def _say(message: str) -> None:
+    print(f"demo: {message}", file=sys.stderr, flush=True)
 
-    from gpuprobe.sim import state
 
-    state_dir = state.state_dir_from_env()
-    assert state_dir is not None, "run by `gpuprobe demo` inside the simulated machine"
-    config = state.load(state_dir)
-    pynvml.nvmlInit()
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    samples: list[list[list[int]]] = [[] for _ in handles]
-    start_s = time.time()
-    step_ns: dict[str, int] = {}
-    n = 0
-    phase = "idle"
-    print(f"demo: idle baseline for {phases.idle_s:g} s", file=sys.stderr, flush=True)
-    while True:
-        now_s = time.time()
-        elapsed_s = now_s - start_s
-        if phase == "idle" and elapsed_s >= phases.idle_s:
-            phase = "steady"
-            for i in range(len(handles)):
-                t_ns = state.set_load(state_dir, i, STEADY_UTIL_PCT[i % len(STEADY_UTIL_PCT)])
-            step_ns["up"] = config.next_tick_ns(t_ns)
-            print(f"demo: steady load for {phases.steady_s:g} s", file=sys.stderr, flush=True)
-        elif phase == "steady" and elapsed_s >= phases.idle_s + phases.steady_s:
-            phase = "cooldown"
-            for i in range(len(handles)):
-                t_ns = state.set_load(state_dir, i, 0)
-            step_ns["down"] = config.next_tick_ns(t_ns)
-            print(f"demo: cool-down for {phases.cooldown_s:g} s", file=sys.stderr, flush=True)
-        elif elapsed_s >= phases.total_s:
-            break
-        for i, h in enumerate(handles):
-            energy, power = pynvml.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 186])
-            samples[i].append(
-                [
-                    power.timestamp * 1000,  # the driver's update time, µs -> ns
-                    power.value.uiVal,  # mW
-                    energy.value.ullVal,  # mJ
-                    pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-                    pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
-                ]
+def _gpuprobe(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpuprobe", *args]
+
+
+@dataclass
+class Processes:
+    """Background processes with their logs; stopped in reverse order of start."""
+
+    workdir: Path
+    running: list[tuple[str, subprocess.Popen[bytes], Path]] = field(default_factory=list)
+
+    def start(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log_path = self.workdir / f"{name}.log"
+        log: IO[bytes] = log_path.open("wb")
+        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        self.running.append((name, proc, log_path))
+        return proc
+
+    def check_alive(self) -> None:
+        for name, proc, log_path in self.running:
+            if proc.poll() is not None:
+                raise DemoError(f"{name} exited with status {proc.returncode}:\n{_tail(log_path)}")
+
+    def stop_all(self, timeout_s: float = 20.0) -> None:
+        for _, proc, _ in reversed(self.running):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for _, proc, _ in reversed(self.running):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _run(argv: Sequence[str], what: str, timeout_s: float, echo: bool = True) -> str:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
+    if echo and proc.stdout.strip():
+        print(proc.stdout.rstrip(), flush=True)
+    if proc.returncode not in (0, 3):
+        raise DemoError(f"{what} failed (status {proc.returncode}):\n{proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def _wait_for(what: str, check: Any, timeout_s: float, procs: Processes) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        procs.check_alive()
+        result = check()
+        if result:
+            return result
+        time.sleep(0.5)
+    raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def _workdir(keep: bool) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="gpuprobe-demo-"))
+    try:
+        yield path
+    finally:
+        if keep:
+            _say(f"kept the working directory {path}")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def run_demo(values: dict[str, Any]) -> int:
+    from gpuprobe.control import keys
+    from gpuprobe.devservices.certs import make_pki
+    from gpuprobe.devservices.influxdb import InfluxDBServer
+    from gpuprobe.devservices.mosquitto import MosquittoServer
+    from gpuprobe.devservices.ports import free_port
+    from gpuprobe.model import InfluxSettings, ModelSettings, run
+
+    out_dir: Path = values["out"].resolve()
+    probe_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    phases = {
+        "idle_baseline": values["idle"],
+        "warmup": 5.0,
+        "duration": values["steady"],
+        "cooldown": values["cooldown"],
+    }
+    total_s = sum(phases.values()) + values["start_in"]
+    _say(
+        f"two simulated nodes ({', '.join(f'{h}: {p}' for h, p in NODES.items())}), InfluxDB, Mosquitto, a"
+        f" collector; probe {probe_id} runs about {total_s:.0f} s"
+    )
+    with _workdir(values["keep"]) as work, contextlib.ExitStack() as stack:
+        procs = Processes(work)
+        stack.callback(procs.stop_all)
+        influx = stack.enter_context(InfluxDBServer(work / "influxdb"))
+        influx.create_database(DB)
+        mqtt = stack.enter_context(MosquittoServer(work / "mosquitto"))
+        broker = f"mqtt://127.0.0.1:{mqtt.port}"
+        _say(f"InfluxDB at {influx.url}, Mosquitto at {broker}")
+
+        pki = make_pki(work / "pki")
+        tokens = {host: os.urandom(16).hex() for host in NODES}
+        (work / "tokens").write_text("".join(f"{host} {token}\n" for host, token in tokens.items()))
+        (work / "tokens").chmod(0o600)
+        collector_port = free_port()
+        procs.start(
+            "collector",
+            _gpuprobe(
+                "collector", "--listen", f"127.0.0.1:{collector_port}", "--influx-url", influx.url,
+                "--influx-db", DB, "--wal", str(work / "wal"), "--tls-cert", str(pki.server.cert_path),
+                "--tls-key", str(pki.server.key_path), "--tokens-file", str(work / "tokens"),
+            ),
+        )  # fmt: skip
+        operator_key = keys.generate(work / "keys", "operator")
+
+        for host, profiles in NODES.items():
+            token_file = work / f"{host}.token"
+            token_file.write_text(tokens[host])
+            token_file.chmod(0o600)
+            procs.start(
+                host,
+                _gpuprobe(
+                    "sim", "run", "--profile", profiles, "--state-dir", str(work / host / "sim"), "--",
+                    sys.executable, "-m", "gpuprobe", "agent", "--host", host, "--cluster", "demo",
+                    "--collector", f"127.0.0.1:{collector_port}", "--tls-ca", str(pki.ca.cert_path),
+                    "--tls-server-name", "localhost", "--token-file", str(token_file),
+                    "--spool", str(work / host / "spool"), "--broker", broker,
+                    "--trusted-keys", str(operator_key.public), "--control-dir", str(work / host / "control"),
+                ),
+            )  # fmt: skip
+
+        def fleet_online() -> bool:
+            out = subprocess.run(_gpuprobe("fleet", "--broker", broker, "--json"), capture_output=True, text=True)
+            if out.returncode != 0:
+                return False
+            online = {p.get("host") for p in json.loads(out.stdout or "[]") if p.get("state") == "online"}
+            return set(NODES) <= online
+
+        _wait_for("both agents to come online", fleet_online, 60, procs)
+        _say("both agents are online; starting the probe (signed with a fresh operator key)")
+        _run(
+            _gpuprobe(
+                "probe", "start", "--broker", broker, "--key", str(operator_key.private),
+                "--workload", values["workload"], "--size", "tiny", "--probe-id", probe_id,
+                "--start-in", str(values["start_in"]), "--idle-baseline", str(phases["idle_baseline"]),
+                "--warmup", str(phases["warmup"]), "--duration", str(phases["duration"]),
+                "--cooldown", str(phases["cooldown"]), "--wait", "10",
+            ),
+            "probe start",
+            60,
+        )  # fmt: skip
+        status = subprocess.Popen(_gpuprobe("probe", "status", probe_id, "--broker", broker, "--refresh", "10"))
+        try:
+            status.wait(timeout=total_s + 120)
+        except subprocess.TimeoutExpired:
+            status.kill()
+            raise DemoError("the probe did not finish in time") from None
+        procs.check_alive()
+        results = json.loads(
+            _run(
+                _gpuprobe("probe", "results", probe_id, "--broker", broker, "--wait", "30", "--json"),
+                "probe results",
+                60,
+                echo=False,
             )
-        n += 1
-        time.sleep(max(0.0, start_s + n * SAMPLE_INTERVAL_S - time.time()))  # drift-free schedule
-    pynvml.nvmlShutdown()
-    return {"step_ns": step_ns, "samples": samples}
-
-
-def summarize(data: dict[str, Any], profiles: list[Any]) -> list[dict[str, Any]]:
-    """Per GPU: what NVML reported against the simulator's ground truth."""
-    rows = []
-    up_ns, down_ns = data["step_ns"]["up"], data["step_ns"]["down"]
-    for i, series in enumerate(data["samples"]):
-        p = profiles[i]
-        # one reading per driver update is enough: keep the first of each tick
-        ticks: dict[int, list[float]] = {}
-        for t_ns, power_mw, energy_mj, temp_c, reasons in series:
-            ticks.setdefault(t_ns, [power_mw / 1000.0, energy_mj / 1000.0, temp_c, reasons])
-        times = sorted(ticks)
-        integral_j = sum(ticks[a][0] * (b - a) / 1e9 for a, b in itertools.pairwise(times))
-        counter_j = ticks[times[-1]][1] - ticks[times[0]][1]
-        steady = [t for t in times if up_ns <= t < down_ns]
-        end_t = steady[-1]
-        steady_power_w = ticks[end_t][0]
-        t0_c = p.steady_temp_c(p.power_w(0))
-        t_ss = p.steady_temp_c(steady_power_w)
-        predicted_c = t_ss + (t0_c - t_ss) * math.exp(-(end_t - up_ns) / 1e9 / p.tau_s)
-        reasons = 0
-        for t in steady:
-            reasons |= int(ticks[t][3])
-        rows.append(
-            {
-                "gpu": i,
-                "profile": p.name,
-                "util_pct": STEADY_UTIL_PCT[i % len(STEADY_UTIL_PCT)],
-                "steady_power_w": steady_power_w,
-                "energy_counter_j": counter_j,
-                "energy_integral_j": integral_j,
-                "energy_error_pct": 100.0 * (counter_j - integral_j) / integral_j,
-                "temp_start_c": ticks[times[0]][2],
-                "temp_end_of_steady_c": ticks[end_t][2],
-                "temp_rc_predicted_c": predicted_c,
-                "power_capped": bool(reasons & 0x4),
-            }
         )
-    return rows
+        if len(results["results"]) != len(NODES):
+            raise DemoError(f"results from {len(results['results'])} of {len(NODES)} nodes: {results}")
+        _run(_gpuprobe("probe", "results", probe_id, "--broker", broker), "probe results", 60)
 
-
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    print(
-        f"{'gpu':>3} {'profile':<15} {'util':>5} {'power':>7} {'energy (counter)':>17} {'∫P dt':>10} {'err':>7}"
-        f" {'T start':>8} {'T end':>6} {'RC model':>9} {'capped':>7}"
-    )
-    for r in rows:
-        print(
-            f"{r['gpu']:>3} {r['profile']:<15} {r['util_pct']:>4}% {r['steady_power_w']:>6.0f}W"
-            f" {r['energy_counter_j']:>16.1f}J {r['energy_integral_j']:>9.1f}J {r['energy_error_pct']:>6.2f}%"
-            f" {r['temp_start_c']:>7.0f}C {r['temp_end_of_steady_c']:>5.0f}C {r['temp_rc_predicted_c']:>8.1f}C"
-            f" {'yes' if r['power_capped'] else 'no':>7}"
+        _say("waiting for the collector to write everything to InfluxDB")
+        time.sleep(3.0)
+        _say("fitting the thermal, acoustic and efficiency models")
+        paths = run(
+            ModelSettings(
+                influx=InfluxSettings(url=influx.url, db=DB),
+                probe=probe_id,
+                out_dir=out_dir,
+                price_per_gpu_hour=values["price_per_gpu_hour"],
+            )
         )
-
-
-def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
-    from gpuprobe.sim.profiles import parse_profile_list
-    from gpuprobe.sim.runner import temporary_machine
-
-    phases = Phases(values["idle_s"], values["steady_s"], values["cooldown_s"])
-    profiles = parse_profile_list(DEMO_PROFILES, None)
-    print(
-        f"demo: a simulated machine with {len(profiles)} GPUs ({DEMO_PROFILES}), read through pynvml at 10 Hz;"
-        f" about {phases.total_s:.0f} s",
-        file=sys.stderr,
-    )
-    with temporary_machine(profiles) as machine:
-        cmd = [sys.executable, "-m", "gpuprobe.demo", json.dumps(phases.__dict__)]
-        proc = subprocess.run(cmd, env=machine.environ(), stdout=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            print("demo: the sampler failed (see above)", file=sys.stderr)
-            return 1
-        rows = summarize(json.loads(proc.stdout), profiles)
-    _print_table(rows)
-    if values["json"]:
-        print(json.dumps(rows, indent=2))
-    worst_energy = max(abs(r["energy_error_pct"]) for r in rows)
-    worst_temp = max(abs(r["temp_end_of_steady_c"] - r["temp_rc_predicted_c"]) for r in rows)
-    print(
-        f"\nenergy counter vs ∫P dt: worst {worst_energy:.3f} %; temperature vs RC model: worst {worst_temp:.2f} °C"
-    )
+        print()
+        print(paths.summary)
+        print(f"\nreport: {paths.html}\nnumbers: {paths.json}")
     return 0
+
+
+def _command(values: dict[str, Any], args: argparse.Namespace) -> int:
+    try:
+        return run_demo(values)
+    except DemoError as e:
+        print(f"gpuprobe demo: error: {e}", file=sys.stderr)
+        return 1
 
 
 COMMANDS = [
     Command(
         name="demo",
-        help="run the whole system on one machine with simulated GPUs and print a summary",
+        help="the whole system on one machine with simulated GPUs, ending in a model report",
         description=__doc__,
-        run=_run,
+        run=_command,
         options=[
-            Option("idle_s", "idle baseline before the load step, s", float, default=3.0, metavar="S"),
-            Option("steady_s", "steady load, s", float, default=20.0, metavar="S"),
-            Option("cooldown_s", "cool-down after the load, s", float, default=8.0, metavar="S"),
-            Option("json", "also print the summary as JSON", is_flag=True, default=False),
+            Option(
+                "out", "folder for the report (HTML) and its numbers (JSON)", Path, Path("demo-report"), metavar="DIR"
+            ),
+            Option("workload", "the probe's workload", default="resnet50"),
+            Option("idle", "idle baseline of the probe, s", float, 15.0, metavar="S"),
+            Option("steady", "steady load of the probe, s", float, 60.0, metavar="S"),
+            Option("cooldown", "cool-down of the probe, s", float, 45.0, metavar="S"),
+            Option(
+                "start_in",
+                "seconds the nodes get to load torch before the synchronized start",
+                float,
+                30.0,
+                metavar="S",
+            ),
+            Option("price_per_gpu_hour", "price of one GPU-hour for the cost figures", float, 2.5, metavar="PRICE"),
+            Option("keep", "keep the temporary working directory (logs, WAL, spools)", is_flag=True, default=False),
         ],
     )
 ]
-
-
-if __name__ == "__main__":
-    # the sampler half, started by `gpuprobe demo` inside the simulated machine
-    json.dump(_sample(Phases(**json.loads(sys.argv[1]))), sys.stdout)

@@ -3,11 +3,12 @@
 The design card's top-level folders (``agent/``, ``collector/``, ``sim/``...) are sub-packages of
 ``gpuprobe`` through setuptools' ``package-dir`` mapping, which mypy cannot follow. This script lays
 out the installed package shape as symbolic links under ``build/typecheck`` (from the mapping in
-pyproject.toml, so it never drifts) and type-checks that, plus ``tools/`` and ``tests/``.
+pyproject.toml, so it never drifts) and type-checks that, plus ``tools/`` (tests are not type-checked).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -36,6 +37,10 @@ def lay_out_tree() -> Path:
 
 
 def main() -> int:
+    # one run at a time: the tree is rebuilt in place, and mypy's cache is keyed by its paths
+    (ROOT / "build").mkdir(exist_ok=True)
+    lock = (ROOT / "build" / "typecheck.lock").open("w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     tree = lay_out_tree()
     env = dict(os.environ, MYPYPATH=str(tree))
     cmd = [

@@ -1,0 +1,103 @@
+"""Collects samples into the next ``SampleBatch``: closed when it holds ``max_samples`` or is ``flush_interval_s`` old.
+
+The sampler thread and the event loop (trainer input) add samples; the service's flusher takes the
+batch (:meth:`Batcher.take`) once per flush interval, or earlier when ``on_full`` tells it the batch
+reached ``max_samples``. GPU samples wait as plain dicts (an append on the sampling hot path) and
+become ``GpuSample`` messages in one go when the batch is taken, outside the sampler thread. The
+batch leaves here without ``seq`` and without the spool's drop counters: the spool assigns those in
+the same transaction that makes the batch durable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpuprobe.agent.metrics import Counters
+
+from gpuprobe.v1 import common_pb2, telemetry_pb2
+
+
+class Batcher:
+    def __init__(
+        self,
+        agent_id: str,
+        gpus: Sequence[common_pb2.GpuInfo],
+        counters: Counters,
+        max_samples: int = 2000,
+        on_full: Callable[[], None] | None = None,
+    ) -> None:
+        if max_samples < 100:
+            raise ValueError(f"a batch must be allowed at least 100 samples (wire contract), not {max_samples}")
+        self.agent_id = agent_id
+        self._refs = [telemetry_pb2.GpuRef(index=g.index, uuid=g.uuid, name=g.name) for g in gpus]
+        self._counters = counters
+        self.max_samples = max_samples
+        self.on_full = on_full
+        self._lock = threading.Lock()
+        self._gpu: list[dict[str, Any]] = []
+        self._other: list[tuple[str, Any]] = []  # (repeated field name, message)
+        self._count = 0
+        self._first_mono = 0.0
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def age_s(self) -> float:
+        """Seconds since the first sample of the open batch arrived (0 when it is empty)."""
+        return time.monotonic() - self._first_mono if self._count else 0.0
+
+    def _added(self, n: int) -> None:
+        # called with the lock held
+        if not self._count:
+            self._first_mono = time.monotonic()
+        before = self._count
+        self._count += n
+        if before < self.max_samples <= self._count and self.on_full is not None:
+            self.on_full()
+
+    def add_gpu(self, samples: list[dict[str, Any]]) -> None:
+        """GPU samples as ``GpuSample`` keyword arguments."""
+        if samples:
+            with self._lock:
+                self._gpu.extend(samples)
+                self._added(len(samples))
+
+    def _add(self, kind: str, messages: Sequence[Any]) -> None:
+        if messages:
+            with self._lock:
+                self._other.extend((kind, m) for m in messages)
+                self._added(len(messages))
+
+    def add_node(self, sample: telemetry_pb2.NodeSample) -> None:
+        self._add("node_samples", [sample])
+
+    def add_acoustic(self, samples: Sequence[telemetry_pb2.AcousticSample]) -> None:
+        self._add("acoustic_samples", samples)
+
+    def add_trainer(self, sample: telemetry_pb2.TrainerSample) -> None:
+        self._add("trainer_samples", [sample])
+
+    def add_probe_event(self, event: telemetry_pb2.ProbeEvent) -> None:
+        self._add("probe_events", [event])
+
+    def take(self) -> tuple[telemetry_pb2.SampleBatch, int] | None:
+        """The open batch and its sample count (a new one is opened), or None when it is empty."""
+        with self._lock:
+            if not self._count:
+                return None
+            gpu, other, count = self._gpu, self._other, self._count
+            self._gpu, self._other, self._count = [], [], 0
+        batch = telemetry_pb2.SampleBatch(gpu_samples=gpu)
+        for kind, message in other:
+            getattr(batch, kind).append(message)
+        batch.agent_id = self.agent_id
+        batch.created_unix_ns = time.time_ns()
+        batch.gpus.extend(self._refs)
+        read_errors, missed_ticks = self._counters.take_batch_deltas()
+        batch.stats.read_errors = read_errors
+        batch.stats.missed_ticks = missed_ticks
+        return batch, count

@@ -1,0 +1,220 @@
+"""``gpuprobe agent`` and ``gpuprobe install agent``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuprobe.control.cli import CONTROL_DIR, CONTROL_OPTIONS, RETRY_OPTIONS, RETRY_PREFIX
+from gpuprobe.control.mqtt import MQTT_OPTIONS
+
+from gpuprobe.cli import Command
+from gpuprobe.config import ConfigError, Option
+
+# This module is imported by every `gpuprobe` invocation (to list the commands): it must stay light,
+# so the agent's own modules (pynvml, grpc, psutil...) are imported only when a command runs.
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``536870912``, ``512MiB``, ``2GiB``, ``64K`` -> bytes (binary multiples)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (for example 512MiB)")
+    unit = (m.group(2) or "").upper()[:1]
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+DEFAULT_SPOOL = "/var/lib/gpuprobe/agent/spool"
+
+
+def _fleet_options() -> list[Option]:
+    """The control plane's options (gpuprobe.control.cli), as `gpuprobe agent` takes them: the broker is
+    off by default, the control directory defaults to the spool's, and the reconnect pauses towards the
+    broker get an ``mqtt_`` prefix (``--reconnect-max`` / ``--auth-retry`` are the collector's here)."""
+    out: list[Option] = []
+    for opt in MQTT_OPTIONS:
+        if opt.name == "broker":
+            opt = dataclasses.replace(
+                opt,
+                default="",
+                help="MQTT broker of the fleet control plane (probes): mqtt://HOST[:PORT] or mqtts://HOST[:PORT]"
+                " (TLS); default: off",
+            )
+        out.append(opt)
+    for opt in CONTROL_OPTIONS:
+        if opt is CONTROL_DIR:
+            opt = dataclasses.replace(opt, default=None, help=f"{opt.help} (default: SPOOL/control)")
+        out.append(opt)
+    for opt in RETRY_OPTIONS:
+        out.append(dataclasses.replace(opt, name=RETRY_PREFIX + opt.name, help=f"MQTT: {opt.help}"))
+    return out
+
+
+AGENT_OPTIONS = [
+    Option(
+        "collector",
+        "collector address HOST[:PORT] (port 7447 when not given); several (comma-separated or repeated) for"
+        " failover, tried in order",
+        multiple=True,
+        default=[],
+        metavar="HOST[:PORT][,HOST[:PORT]...]",
+    ),
+    Option("interval", "GPU sampling interval in s (0.1 = 10 Hz; 0.02 = 50 Hz at most)", float, 0.1, metavar="S"),
+    Option(
+        "spool", "spool directory (durable queue of unacknowledged batches)", Path, Path(DEFAULT_SPOOL), metavar="DIR"
+    ),
+    Option(
+        "spool_max_bytes",
+        "spool size cap (e.g. 512MiB); beyond it the oldest batches are dropped and counted",
+        parse_size,
+        512 * 2**20,
+        metavar="SIZE",
+    ),
+    Option(
+        "spool_max_age", "drop spooled batches older than this, in s (0: no age cap)", float, 7 * 86400.0, metavar="S"
+    ),
+    Option("host", "host name: the `host` tag and MQTT topic segment (default: the system's host name)", default=""),
+    Option("agent_id", "agent id, unique in the fleet (default: --host)", default=""),
+    Option("cluster", "cluster or fleet name (`cluster` tag)", default=""),
+    Option("cloud", "cloud provider, e.g. aws (default: detected from DMI)", default=""),
+    Option("instance_type", "instance type, e.g. p5.48xlarge (default: detected from DMI on AWS)", default=""),
+    Option("region", "region or site name (`region` tag)", default=""),
+    Option(
+        "virt",
+        "GPU virtualization (`virt` tag); auto: from NVML and the CPU's hypervisor flag",
+        default="auto",
+        choices=["auto", "bare_metal", "passthrough", "vgpu", "host_vgpu", "unknown"],
+    ),
+    Option(
+        "tls",
+        "use TLS with the system's root certificates (implied by --tls-ca / --tls-cert)",
+        is_flag=True,
+        default=False,
+    ),
+    Option("tls_ca", "CA certificate (PEM) that signed the collector's certificate", Path, metavar="FILE"),
+    Option("tls_cert", "client certificate (PEM) for mutual TLS", Path, metavar="FILE"),
+    Option("tls_key", "client private key (PEM) for mutual TLS", Path, metavar="FILE"),
+    Option("tls_server_name", "name expected in the collector's certificate, when it differs from HOST", default=""),
+    Option("token", "bearer token sent as `authorization: Bearer TOKEN` (prefer --token-file)", default=""),
+    Option("token_file", "file holding the bearer token", Path, metavar="FILE"),
+    Option("metrics_listen", "serve Prometheus metrics on HOST:PORT (default: off)", default="", metavar="HOST:PORT"),
+    Option(
+        "trainer_socket",
+        "unix socket where the local trainer reports progress (default: off; with --broker SPOOL/trainer.sock)",
+        default="",
+        metavar="PATH",
+    ),
+    Option("mic_device", "microphone: input device name (or part of it) for PortAudio (default: none)", default=""),
+    Option(
+        "mic_calibration_db",
+        "microphone calibration: dB SPL of a full-scale (mean square 1) signal; 94 - dBFS(rms) of a 94 dB calibrator",
+        float,
+        123.0,
+        metavar="DB",
+    ),
+    Option("mic_samplerate", "microphone sample rate in Hz", int, 48000, metavar="HZ"),
+    Option("proxy_fan_rated_dba", "acoustic proxy: dBA of a GPU's own fans at 100 %% duty", float, 50.0, metavar="DBA"),
+    Option(
+        "proxy_floor_dba", "acoustic proxy: background level summed with every estimate", float, 35.0, metavar="DBA"
+    ),
+    Option(
+        "proxy_tdp_fraction", "acoustic proxy: tdp_flag when power > this fraction of the TDP", float, 0.8, metavar="K"
+    ),
+    Option(
+        "proxy_air_rise_c", "acoustic proxy (passive GPUs): allowed air temperature rise in K", float, 15.0, metavar="K"
+    ),
+    Option(
+        "proxy_chassis_airflow_m3_per_s",
+        "acoustic proxy (passive GPUs): chassis airflow per GPU at full fan speed, m^3/s",
+        float,
+        0.05,
+        metavar="M3S",
+    ),
+    Option(
+        "proxy_chassis_rated_dba",
+        "acoustic proxy (passive GPUs): dBA of one GPU's share of the chassis fans at full speed",
+        float,
+        75.0,
+        metavar="DBA",
+    ),
+    Option("proxy_chassis_min_pct", "acoustic proxy (passive GPUs): chassis fans' minimum speed in %%", float, 30.0),
+    Option(
+        "grace", "on SIGTERM, keep delivering spooled batches for this long (s); the rest stays spooled", float, 10.0
+    ),
+    Option("flush_interval", "close a batch after this long (s) even if it is not full", float, 1.0, metavar="S"),
+    Option("batch_max_samples", "close a batch when it holds this many samples (>= 100)", int, 2000, metavar="N"),
+    Option("max_in_flight", "batches sent but not yet acknowledged, at most", int, 64, metavar="N"),
+    Option("keepalive", "gRPC keepalive ping interval in s", float, 30.0, metavar="S"),
+    Option(
+        "reconnect_min", "first reconnect pause in s (doubles per failed round, with jitter)", float, 0.5, metavar="S"
+    ),
+    Option("reconnect_max", "longest reconnect pause in s", float, 30.0, metavar="S"),
+    Option("auth_retry", "pause after the collector refused the credentials, in s", float, 60.0, metavar="S"),
+    Option(
+        "pcie_interval", "read each GPU's PCIe throughput this often, in s (0: every sample)", float, 1.0, metavar="S"
+    ),
+    Option("hwmon_dir", "where the hwmon sensors are (sysfs)", Path, Path("/sys/class/hwmon"), metavar="DIR"),
+    Option("check", "validate the configuration, print the effective settings and exit", is_flag=True, default=False),
+    *_fleet_options(),
+]
+
+
+def _run_agent(values: dict[str, Any], args: argparse.Namespace) -> int:
+    from gpuprobe.agent.settings import AgentSettings
+
+    try:
+        settings = AgentSettings.from_values(values)
+    except ConfigError as e:
+        print(f"gpuprobe agent: error: {e}", file=sys.stderr)
+        return 2
+    if values["check"]:
+        print(settings.describe())
+        return 0
+    from gpuprobe.agent.service import Agent
+
+    return Agent(settings).run()
+
+
+def _run_install(values: dict[str, Any], args: argparse.Namespace) -> int:
+    from gpuprobe.agent import install
+
+    return install.run(values)
+
+
+def _install_options() -> list[Option]:
+    from gpuprobe.agent.install import INSTALL_OPTIONS
+
+    return INSTALL_OPTIONS
+
+
+COMMANDS = [
+    Command(
+        name="agent",
+        help="run the GPU-node agent (NVML, host, acoustics -> spool -> collector; with --broker, fleet probes)",
+        description=(
+            "Sample every GPU through NVML (10 Hz by default), the host and acoustics (1 Hz), keep every batch "
+            "in a durable local spool and stream it to a collector over gRPC. With --broker it also runs the "
+            "fleet control plane (presence, signed probe commands, trainers, results over MQTT); see docs/agent.md."
+        ),
+        run=_run_agent,
+        options=AGENT_OPTIONS,
+    ),
+    Command(
+        name="install.agent",
+        help="install the agent as a systemd service (unit + /etc/gpuprobe/agent.toml)",
+        description=(
+            "Write the hardened systemd unit gpuprobe-agent.service, /etc/gpuprobe/agent.toml and a sysusers.d "
+            "entry for the unprivileged user; --root DIR stages them under DIR instead. Refuses to overwrite "
+            "without --force."
+        ),
+        run=_run_install,
+        options=_install_options(),
+    ),
+]

@@ -1,0 +1,107 @@
+"""The fleet control plane inside the agent: ``gpuprobe agent --broker URL`` (docs/agent.md, "Fleet probes").
+
+With ``--broker`` the agent runs :class:`gpuprobe.control.agent_side.ControlClient` in its own event
+loop: presence (with the uplink's state), signed probe commands, the trainers, progress and results
+over MQTT, while the trainers report to the agent's trainer socket, so their ``trainer`` and
+``probe`` points travel the same way as every sample. One process, one identity (host, cluster,
+cloud, instance type, region: the agent's own) and one NVML reader:
+
+:class:`AgentGpus` gives the control plane what it reads of the GPUs (power, temperature, the energy
+counter) from the samples the agent's sampling loop takes anyway, instead of opening NVML a second
+time. The GPU sensor itself is used by the sampling thread only (its read buffers are not shared),
+so the adapter reads :attr:`Sampler.latest`, which that thread replaces (never changes) every tick.
+A probe's result is then computed from the very readings that are stored in InfluxDB, at the
+agent's ``--interval``.
+
+This module imports the control plane (MQTT, cryptography) when it is imported: the agent imports
+it only with ``--broker``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpuprobe.agent.sampler import Sampler
+from gpuprobe.control.agent_side import ControlClient, ControlSettings, PresenceStatus
+from gpuprobe.control.gpus import Reading
+
+from gpuprobe.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 15.0  # on SIGTERM: cancel a running probe, publish its result and OFFLINE, at most this long
+
+
+class AgentGpus:
+    """The control plane's :class:`~gpuprobe.control.gpus.GpuReader` over the agent's own GPU samples."""
+
+    def __init__(self, infos: Sequence[common_pb2.GpuInfo], sampler: Sampler) -> None:
+        self._infos = list(infos)
+        self._sampler = sampler
+
+    @property
+    def count(self) -> int:
+        return len(self._infos)
+
+    def infos(self) -> list[common_pb2.GpuInfo]:
+        return list(self._infos)
+
+    def read(self, index: int) -> Reading:
+        for sample in self._sampler.latest:
+            if sample["gpu_index"] == index:
+                return Reading(
+                    time_unix_ns=sample["time_unix_ns"],
+                    power_w=sample.get("power_w"),
+                    temp_c=_float(sample.get("temp_c")),
+                    energy_j=sample.get("energy_j"),
+                )
+        # not sampled on the last tick (lost, or sampling has not started): nothing known
+        return Reading(time_unix_ns=time.time_ns(), power_w=None, temp_c=None, energy_j=None)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+class EmbeddedControl:
+    """The control plane's task in the agent's event loop."""
+
+    def __init__(
+        self,
+        settings: ControlSettings,
+        gpus: AgentGpus,
+        status: PresenceStatus,
+    ) -> None:
+        # raises OSError when the control directory cannot be made
+        self.client = ControlClient(settings, gpus=gpus, status=status)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="gpuprobe-control")
+
+    async def _run(self) -> None:
+        try:
+            await self.client.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug in the control plane must not take telemetry down with it
+            log.exception("the control plane failed; telemetry goes on without it (restart the agent)")
+
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """``request_stop`` (a running probe is cancelled and its result published, then OFFLINE) and wait."""
+        task = self._task
+        if task is None:
+            return
+        self.client.request_stop()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        except TimeoutError:
+            log.warning("the control plane did not stop within %.0f s; leaving the broker without OFFLINE", timeout_s)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

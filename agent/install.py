@@ -1,0 +1,222 @@
+"""``gpuprobe install agent``: the hardened systemd unit, ``/etc/gpuprobe/agent.toml`` and the service user.
+
+Files (under ``--root DIR`` when staging an image or a test tree):
+
+- ``/etc/systemd/system/gpuprobe-agent.service``: rendered by :func:`gpuprobe.systemd.render_unit`
+  (Type=notify with WatchdogSec, Restart=on-failure, an unprivileged user, StateDirectory for the
+  spool, ProtectSystem=strict, NoNewPrivileges and the rest of the shared hardening);
+- ``/etc/gpuprobe/agent.toml``: the ``[agent]`` options given here (with ``--broker``, the fleet
+  control plane's: broker, trusted keys, a control directory in the StateDirectory); every other
+  option keeps its default and can be added by hand (``gpuprobe agent --help``);
+- ``/etc/sysusers.d/gpuprobe-agent.conf``: the unprivileged user, created by ``systemd-sysusers``.
+
+Nothing is overwritten without ``--force``. This module is imported to list the commands, so it
+imports only what writing the files needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuprobe.control.cli import TRUSTED_KEYS
+from gpuprobe.control.mqtt import MQTT_OPTIONS
+
+from gpuprobe.config import Option
+from gpuprobe.systemd import UnitSpec, render_unit, staged_path
+
+UNIT_PATH = "/etc/systemd/system/gpuprobe-agent.service"
+CONFIG_PATH = "/etc/gpuprobe/agent.toml"
+SYSUSERS_PATH = "/etc/sysusers.d/gpuprobe-agent.conf"
+STATE_DIRECTORY = "gpuprobe/agent"  # /var/lib/gpuprobe/agent
+SPOOL_DIR = "/var/lib/gpuprobe/agent/spool"
+TRAINER_SOCKET = "/var/lib/gpuprobe/agent/trainer.sock"
+CONTROL_DIR = "/var/lib/gpuprobe/agent/control"  # with --broker: inside the StateDirectory
+
+
+def default_executable() -> Path:
+    script = Path(sys.executable).parent / "gpuprobe"
+    if script.exists():
+        return script
+    found = shutil.which("gpuprobe")
+    return Path(found) if found else Path("/usr/local/bin/gpuprobe")
+
+
+INSTALL_OPTIONS = [
+    Option(
+        "collector",
+        "collector address HOST:PORT (several, comma-separated or repeated, for failover)",
+        multiple=True,
+        default=[],
+        metavar="HOST:PORT[,HOST:PORT...]",
+    ),
+    Option("root", "stage the files under DIR instead of / (for images and tests)", Path, metavar="DIR"),
+    Option("force", "overwrite files that exist", is_flag=True, default=False),
+    Option("executable", "the gpuprobe program the unit runs (default: this installation's)", Path, metavar="PATH"),
+    Option("user", "unprivileged user (and group) the agent runs as", default="gpuprobe"),
+    Option("cluster", "cluster or fleet name written to the config", default=""),
+    Option("region", "region or site name written to the config", default=""),
+    Option("tls_ca", "CA certificate of the collectors (PEM), written to the config", Path, metavar="FILE"),
+    Option("tls_cert", "client certificate for mutual TLS (PEM), written to the config", Path, metavar="FILE"),
+    Option("tls_key", "client key for mutual TLS (PEM), written to the config", Path, metavar="FILE"),
+    Option("token_file", "file with the bearer token, written to the config", Path, metavar="FILE"),
+    Option("metrics_listen", "Prometheus endpoint HOST:PORT written to the config (default: off)", default=""),
+    Option("mic_device", "microphone device name written to the config; adds the audio group", default=""),
+    Option("grace", "SIGTERM grace period in s (the unit's stop timeout is 20 s longer)", float, 10.0),
+    Option("watchdog", "systemd watchdog timeout in s", int, 30),
+]
+# The fleet control plane (`gpuprobe agent --broker`): the broker options of gpuprobe.control.mqtt
+# (never the password itself: a file or the environment) and the operator keys the agent trusts.
+_BROKER_PATHS = ("mqtt_password_file", "mqtt_ca", "mqtt_cert", "mqtt_key")
+INSTALL_OPTIONS += [
+    dataclasses.replace(
+        opt,
+        default="" if opt.name == "broker" else opt.default,
+        help=f"{opt.help}; written to the config"
+        + ("; enables fleet probes (default: off)" if opt.name == "broker" else ""),
+    )
+    for opt in MQTT_OPTIONS
+    if opt.name != "mqtt_password"
+]
+INSTALL_OPTIONS.append(dataclasses.replace(TRUSTED_KEYS, help=f"{TRUSTED_KEYS.help}; written to the config"))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a TOML basic string (JSON escapes are valid TOML escapes)
+
+
+def render_config(values: dict[str, Any]) -> str:
+    collectors = [part.strip() for item in values["collector"] for part in item.split(",") if part.strip()]
+    entries: dict[str, Any] = {
+        "collector": collectors,
+        "spool": SPOOL_DIR,
+        "trainer_socket": TRAINER_SOCKET,
+        "grace": float(values["grace"]),
+    }
+    for key in ("cluster", "region", "metrics_listen", "mic_device"):
+        if values[key]:
+            entries[key] = values[key]
+    for key in ("tls_ca", "tls_cert", "tls_key", "token_file"):
+        if values[key] is not None:
+            entries[key] = str(Path(values[key]).absolute())
+    if values["broker"]:
+        entries["broker"] = values["broker"]
+        entries["trusted_keys"] = [str(Path(k).absolute()) for k in values["trusted_keys"]]
+        entries["control_dir"] = CONTROL_DIR
+        if values["mqtt_username"]:
+            entries["mqtt_username"] = values["mqtt_username"]
+        for key in _BROKER_PATHS:
+            if values[key] is not None:
+                entries[key] = str(Path(values[key]).absolute())
+    lines = [
+        "# gpuprobe agent configuration, written by `gpuprobe install agent`.",
+        "# Any option of `gpuprobe agent --help` can be set here (keys use underscores, e.g. spool_max_bytes).",
+        "# GPUPROBE_* environment variables and command-line flags override this file.",
+        "",
+        "[agent]",
+        *(f"{key} = {_toml_value(value)}" for key, value in entries.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_agent_unit(values: dict[str, Any], executable: Path) -> str:
+    stop_s = int(float(values["grace"])) + 20
+    if values["broker"]:
+        from gpuprobe.agent.fleet import STOP_TIMEOUT_S
+
+        stop_s += int(STOP_TIMEOUT_S)  # the control plane stops first (a running probe's result)
+    spec = UnitSpec(
+        description="gpuprobe agent: GPU, host and acoustic telemetry to the gpuprobe collectors",
+        exec_start=[str(executable), "--config", CONFIG_PATH, "agent"],
+        user=values["user"],
+        state_directory=STATE_DIRECTORY,
+        watchdog_s=int(values["watchdog"]),
+        timeout_stop_s=stop_s,
+        supplementary_groups=("audio",) if values["mic_device"] else (),
+    )
+    return render_unit(spec)
+
+
+def render_sysusers(user: str) -> str:
+    return f'u {user} - "gpuprobe telemetry agent" /var/lib/gpuprobe\n'
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    tmp.replace(path)
+
+
+def run(values: dict[str, Any]) -> int:
+    def fail(message: str) -> int:
+        print(f"gpuprobe install agent: error: {message}", file=sys.stderr)
+        return 2
+
+    if not values["collector"]:
+        return fail("pass --collector HOST[:PORT] (the collector the agent streams to)")
+    if values["broker"] and not values["trusted_keys"]:
+        return fail("--broker needs --trusted-keys (the operator public keys whose probe commands the agent runs)")
+    broker_only = [o for o in ("mqtt_username", *_BROKER_PATHS) if values[o]] + (
+        ["trusted_keys"] if values["trusted_keys"] else []
+    )
+    if broker_only and not values["broker"]:
+        return fail(
+            ", ".join(f"--{o.replace('_', '-')}" for o in broker_only) + " only apply with --broker (fleet probes)"
+        )
+    executable = Path(values["executable"]) if values["executable"] else default_executable()
+    if not executable.is_absolute():
+        return fail(f"--executable must be an absolute path, not {executable}")
+    root: Path | None = values["root"]
+    files = {
+        staged_path(root, UNIT_PATH): (render_agent_unit(values, executable), 0o644),
+        staged_path(root, CONFIG_PATH): (render_config(values), 0o644),
+        staged_path(root, SYSUSERS_PATH): (render_sysusers(values["user"]), 0o644),
+    }
+    existing = [p for p in files if p.exists()]
+    if existing and not values["force"]:
+        print(
+            "gpuprobe install agent: refusing to overwrite " + ", ".join(map(str, existing)) + " (use --force)",
+            file=sys.stderr,
+        )
+        return 1
+    for path, (text, mode) in files.items():
+        try:
+            _write(path, text, mode)
+        except OSError as e:
+            return fail(f"cannot write {path}: {e}")
+        print(f"wrote {path}")
+    where = f" (staged under {root}: copy that tree onto the node first)" if root is not None else ""
+    print(f"\nnext steps{where}:")
+    print("  systemd-sysusers                      # creates the user " + values["user"])
+    print("  systemctl daemon-reload")
+    print("  systemctl enable --now gpuprobe-agent")
+    print("  systemctl status gpuprobe-agent       # STATUS shows GPUs, collector, spool")
+    print("  journalctl -u gpuprobe-agent -f")
+    if any(str(executable).startswith(p) for p in ("/home/", "/root/")):
+        print(
+            f"\nwarning: {executable} is under /home or /root, which the unit hides (ProtectHome=yes): "
+            "install gpuprobe elsewhere (e.g. /opt/gpuprobe) or pass --executable",
+        )
+    for key in ("tls_ca", "tls_cert", "tls_key", "token_file", *_BROKER_PATHS):
+        if values[key] is not None:
+            print(f"\nnote: {values[key]} must be readable by {values['user']} (e.g. 0640 root:{values['user']})")
+            break
+    if values["broker"] and not values["mqtt_password_file"] and values["mqtt_username"]:
+        print(
+            "\nnote: give the MQTT password with --mqtt-password-file"
+            " (or GPUPROBE_MQTT_PASSWORD in the unit's environment)"
+        )
+    return 0

@@ -1,0 +1,292 @@
+"""The agent's configuration, validated once at start (bad values fail fast with a message naming the option)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuprobe.agent import identity
+from gpuprobe.agent.sensors.proxy import ProxyParams
+
+from gpuprobe.config import ConfigError
+from gpuprobe.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from gpuprobe.control.agent_side import ControlSettings
+
+MIN_INTERVAL_S = 0.02  # 50 Hz
+MAX_INTERVAL_S = 60.0
+MiB = 2**20
+DEFAULT_COLLECTOR_PORT = 7447  # the collector's default --listen port
+MAX_SOCKET_PATH_BYTES = 107  # sun_path holds 108 bytes with the terminating NUL
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    ca_path: Path | None = None  # None: the system's roots
+    cert_path: Path | None = None  # client certificate, for mutual TLS
+    key_path: Path | None = None
+    server_name: str | None = None  # expected name in the collector's certificate, when not the host
+
+
+@dataclass(frozen=True)
+class UplinkSettings:
+    targets: list[str]
+    tls: TlsSettings | None = None
+    token: str | None = None
+    keepalive_s: float = 30.0
+    max_in_flight_batches: int = 64
+    max_in_flight_bytes: int = 16 * MiB
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    auth_retry_s: float = 60.0
+    welcome_timeout_s: float = 10.0
+
+
+def parse_address(text: str, allow_port_zero: bool = False) -> str:
+    """``HOST:PORT`` or ``[IPv6]:PORT``, checked; returned as given."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not (0 if allow_port_zero else 1) <= int(port) < 65536:
+        raise ValueError(f"not HOST:PORT: {text!r}")
+    return text.strip()
+
+
+def parse_collector(text: str) -> str:
+    """``HOST[:PORT]`` or ``[IPv6][:PORT]``; without a port, the collector's default (7447)."""
+    text = text.strip()
+    if (text.startswith("[") and text.endswith("]")) or (text and ":" not in text):
+        return f"{text}:{DEFAULT_COLLECTOR_PORT}"
+    if not text.startswith("[") and text.count(":") > 1:
+        raise ValueError(f"write an IPv6 address in brackets, [ADDRESS] or [ADDRESS]:PORT, not {text!r}")
+    return parse_address(text)
+
+
+def split_addresses(values: list[str]) -> list[str]:
+    out: list[str] = []
+    for value in values:
+        out.extend(parse_collector(part) for part in value.split(",") if part.strip())
+    return out
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    identity: common_pb2.AgentIdentity
+    virt_override: common_pb2.Virtualization | None
+    interval_s: float
+    flush_interval_s: float
+    batch_max_samples: int
+    spool_dir: Path
+    spool_max_bytes: int
+    spool_max_age_s: float
+    uplink: UplinkSettings
+    grace_s: float
+    metrics_listen: tuple[str, int] | None
+    trainer_socket: Path | None
+    mic_device: str
+    mic_calibration_db: float
+    mic_samplerate_hz: int
+    proxy: ProxyParams
+    pcie_interval_s: float
+    hwmon_dir: Path
+    control: ControlSettings | None = None  # --broker: the embedded control plane (gpuprobe.agent.fleet)
+
+    @classmethod
+    def from_values(cls, v: dict[str, Any]) -> AgentSettings:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ConfigError(message)
+
+        try:
+            targets = split_addresses(v["collector"])
+        except ValueError as e:
+            raise ConfigError(f"--collector: {e}") from None
+        need(bool(targets), "no collector: pass --collector HOST[:PORT][,HOST[:PORT]...] (or GPUPROBE_COLLECTOR)")
+        interval = float(v["interval"])
+        need(
+            MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S,
+            f"--interval must be between {MIN_INTERVAL_S} s (50 Hz) and {MAX_INTERVAL_S:g} s, not {interval:g}",
+        )
+        need(
+            0.05 <= v["flush_interval"] <= 10,
+            f"--flush-interval must be between 0.05 and 10 s, not {v['flush_interval']}",
+        )
+        need(v["batch_max_samples"] >= 100, "--batch-max-samples must be at least 100 (wire contract)")
+        need(v["spool_max_bytes"] >= 64 * 1024, "--spool-max-bytes must be at least 64KiB")
+        need(v["spool_max_age"] >= 0, "--spool-max-age must not be negative (0: no age cap)")
+        need(v["grace"] >= 0, "--grace must not be negative")
+        need(v["max_in_flight"] >= 1, "--max-in-flight must be at least 1")
+        need(0 < v["reconnect_min"] <= v["reconnect_max"], "--reconnect-min must be positive and <= --reconnect-max")
+        need(v["keepalive"] >= 1, "--keepalive must be at least 1 s")
+        need(v["proxy_tdp_fraction"] > 0, "--proxy-tdp-fraction must be positive")
+        need(v["proxy_air_rise_c"] > 0, "--proxy-air-rise-c must be positive")
+        need(v["proxy_chassis_airflow_m3_per_s"] > 0, "--proxy-chassis-airflow-m3-per-s must be positive")
+        need(0 < v["proxy_chassis_min_pct"] <= 100, "--proxy-chassis-min-pct must be in (0, 100]")
+
+        host = v["host"] or identity.default_host()
+        cloud, instance_type = v["cloud"], v["instance_type"]
+        if not cloud or not instance_type:
+            detected_cloud, detected_type = identity.detect_cloud()
+            cloud = cloud or detected_cloud
+            instance_type = instance_type or detected_type
+        try:
+            identity.check_label("--host", host, topic_safe=True)
+            ident = common_pb2.AgentIdentity(
+                agent_id=identity.check_label("--agent-id", v["agent_id"] or host, topic_safe=True),
+                host=host,
+                cluster=identity.check_label("--cluster", v["cluster"]),
+                cloud=identity.check_label("--cloud", cloud),
+                instance_type=identity.check_label("--instance-type", instance_type),
+                region=identity.check_label("--region", v["region"]),
+            )
+        except identity.IdentityError as e:
+            raise ConfigError(str(e)) from None
+        virt = None if v["virt"] == "auto" else identity.VIRT_NAMES[v["virt"]]
+
+        token: str | None = v["token"] or None
+        if v["token_file"] is not None:
+            need(token is None, "give either --token or --token-file, not both")
+            try:
+                token = Path(v["token_file"]).read_text().strip()
+            except OSError as e:
+                raise ConfigError(f"--token-file: {e}") from None
+            need(bool(token), f"--token-file {v['token_file']} is empty")
+        if token is not None:
+            need(
+                not any(ord(c) < 0x21 or ord(c) == 0x7F for c in token),
+                "the token must not contain spaces or control characters",
+            )
+        tls: TlsSettings | None = None
+        if v["tls"] or v["tls_ca"] or v["tls_cert"] or v["tls_key"]:
+            need(
+                (v["tls_cert"] is None) == (v["tls_key"] is None),
+                "mutual TLS needs both --tls-cert and --tls-key",
+            )
+            for option in ("tls_ca", "tls_cert", "tls_key"):
+                path = v[option]
+                need(path is None or Path(path).is_file(), f"--{option.replace('_', '-')} {path}: no such file")
+            tls = TlsSettings(
+                ca_path=v["tls_ca"],
+                cert_path=v["tls_cert"],
+                key_path=v["tls_key"],
+                server_name=v["tls_server_name"] or None,
+            )
+        metrics: tuple[str, int] | None = None
+        if v["metrics_listen"]:
+            try:
+                address = parse_address(v["metrics_listen"], allow_port_zero=True)
+            except ValueError as e:
+                raise ConfigError(f"--metrics-listen: {e}") from None
+            mhost, _, mport = address.rpartition(":")
+            metrics = (mhost.strip("[]"), int(mport))
+        spool_dir = Path(v["spool"])
+        trainer_socket = Path(v["trainer_socket"]) if v["trainer_socket"] else None
+        control: ControlSettings | None = None
+        if v["broker"]:
+            control, trainer_socket = _control_settings(v, ident, spool_dir, trainer_socket, interval)
+        return cls(
+            identity=ident,
+            virt_override=virt,
+            interval_s=interval,
+            flush_interval_s=float(v["flush_interval"]),
+            batch_max_samples=int(v["batch_max_samples"]),
+            spool_dir=spool_dir,
+            spool_max_bytes=int(v["spool_max_bytes"]),
+            spool_max_age_s=float(v["spool_max_age"]),
+            uplink=UplinkSettings(
+                targets=targets,
+                tls=tls,
+                token=token,
+                keepalive_s=float(v["keepalive"]),
+                max_in_flight_batches=int(v["max_in_flight"]),
+                reconnect_min_s=float(v["reconnect_min"]),
+                reconnect_max_s=float(v["reconnect_max"]),
+                auth_retry_s=float(v["auth_retry"]),
+            ),
+            grace_s=float(v["grace"]),
+            metrics_listen=metrics,
+            trainer_socket=trainer_socket,
+            mic_device=v["mic_device"] or "",
+            mic_calibration_db=float(v["mic_calibration_db"]),
+            mic_samplerate_hz=int(v["mic_samplerate"]),
+            proxy=ProxyParams(
+                fan_rated_dba=float(v["proxy_fan_rated_dba"]),
+                floor_dba=float(v["proxy_floor_dba"]),
+                tdp_fraction=float(v["proxy_tdp_fraction"]),
+                air_rise_c=float(v["proxy_air_rise_c"]),
+                chassis_airflow_m3_per_s=float(v["proxy_chassis_airflow_m3_per_s"]),
+                chassis_rated_dba=float(v["proxy_chassis_rated_dba"]),
+                chassis_min_pct=float(v["proxy_chassis_min_pct"]),
+            ),
+            pcie_interval_s=float(v["pcie_interval"]),
+            hwmon_dir=Path(v["hwmon_dir"]),
+            control=control,
+        )
+
+    def describe(self) -> str:
+        """The effective settings, one per line (``gpuprobe agent --check``)."""
+        i = self.identity
+        u = self.uplink
+        metrics = f"{self.metrics_listen[0]}:{self.metrics_listen[1]}" if self.metrics_listen else "off"
+        lines = [
+            f"collector        {', '.join(u.targets)}",
+            f"identity         agent_id={i.agent_id} host={i.host} cluster={i.cluster or '-'} cloud={i.cloud or '-'}"
+            f" instance_type={i.instance_type or '-'} region={i.region or '-'}",
+            f"sampling         every {self.interval_s:g} s ({1 / self.interval_s:g} Hz); host and acoustics every 1 s;"
+            f" PCIe every {self.pcie_interval_s:g} s",
+            f"batches          <= {self.batch_max_samples} samples or {self.flush_interval_s:g} s",
+            f"spool            {self.spool_dir} (cap {self.spool_max_bytes} bytes"
+            f"{f', {self.spool_max_age_s:g} s' if self.spool_max_age_s else ''})",
+            f"transport        {'TLS' if u.tls else 'plaintext'}"
+            f"{' + client certificate' if u.tls and u.tls.cert_path else ''}"
+            f"{' + bearer token' if u.token else ''}",
+            f"grace on stop    {self.grace_s:g} s",
+            f"metrics          {metrics}",
+            f"trainer socket   {self.trainer_socket or 'off'}",
+            f"microphone       {self.mic_device or 'none (proxy only)'}",
+        ]
+        c = self.control
+        if c is None:
+            lines.append("control plane    off (no --broker)")
+        else:
+            lines.append(
+                f"control plane    broker {c.broker.url}"
+                f"{f' as {c.broker.username!r}' if c.broker.username else ''}; trusted keys"
+                f" {', '.join(sorted(c.trusted_keys))}; control dir {c.state_dir}"
+            )
+        return "\n".join(lines)
+
+
+def _control_settings(
+    v: dict[str, Any],
+    ident: common_pb2.AgentIdentity,
+    spool_dir: Path,
+    trainer_socket: Path | None,
+    interval_s: float,
+) -> tuple[ControlSettings, Path]:
+    """``--broker``: the control plane's settings, and the trainer socket its trainers report to (made
+    under the spool directory when ``--trainer-socket`` is not given, so probe progress is collected)."""
+    from gpuprobe.control.cli import RETRY_PREFIX, control_settings
+
+    if trainer_socket is None:
+        trainer_socket = spool_dir / "trainer.sock"
+        if len(os.fsencode(trainer_socket.absolute())) > MAX_SOCKET_PATH_BYTES:
+            raise ConfigError(
+                f"the trainer socket {trainer_socket.absolute()} (under --spool) is longer than a unix socket"
+                f" path may be ({MAX_SOCKET_PATH_BYTES} bytes): pass a shorter --trainer-socket"
+            )
+    for name in ("mqtt_reconnect_max", "mqtt_auth_retry"):
+        if v[name] <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+    control_dir = Path(v["control_dir"]) if v["control_dir"] else spool_dir / "control"
+    control = control_settings(
+        v,
+        ident,
+        control_dir=control_dir.absolute(),
+        agent_socket=trainer_socket.absolute(),
+        retry_prefix=RETRY_PREFIX,
+        telemetry_interval_s=interval_s,
+    )
+    control.sample_interval_s = interval_s  # the probe reads the agent's own samples (gpuprobe.agent.fleet)
+    return control, trainer_socket

@@ -1,0 +1,356 @@
+"""The durable spool: every batch is in SQLite before it is sent, and leaves only when acknowledged.
+
+Format (``<spool dir>/spool.sqlite3``, SQLite in WAL mode with ``synchronous=FULL``)::
+
+    meta(key TEXT PRIMARY KEY, value)        format_version  1
+                                             spool_id        random hex, made with the spool
+                                             last_seq        highest seq ever assigned
+                                             pending_dropped_samples / _batches
+                                                             cap drops not yet reported in a batch
+                                             dropped_samples_total / dropped_batches_total
+    batches(seq INTEGER PRIMARY KEY,         one row per unacknowledged batch
+            created_unix_ns INTEGER,
+            samples INTEGER,
+            payload BLOB)                    a serialized gpuprobe.v1.SampleBatch, exactly as sent
+
+``<spool dir>/lock`` is held (``flock``) by the agent that owns the spool, so two agents never share
+one.
+
+Invariants:
+
+1. :meth:`Spool.append` returns only after the batch's transaction is committed with
+   ``synchronous=FULL`` (fsynced): a batch the uplink can see survives ``kill -9`` and power loss.
+2. ``seq`` starts at 1 and increases by one per appended batch for the life of the spool, even when
+   every row was deleted (``last_seq`` moves in the same transaction as the insert).
+3. A row leaves the table only through :meth:`Spool.delete_through` (an acknowledgement) or the cap
+   (:meth:`Spool.append` drops the oldest rows while the payload bytes exceed ``max_bytes`` or a row
+   is older than ``max_age_s``; acknowledged rows whose delete is still pending go first and are not
+   drops, rows in flight are skipped). Cap drops are added to ``pending_dropped_*`` in the same
+   transaction and reported in the ``AgentStats`` of the appended batch, whose commit also resets
+   them: a drop is counted exactly once, even across restarts.
+4. The newest batch is never dropped by the cap, so a spool always holds what was sampled last.
+
+A file that SQLite cannot read is moved aside (``spool.sqlite3.corrupt-<unix time>``) with an error
+log, and a new spool (new ``spool_id``) is started: sampling matters more than an unreadable file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import fcntl
+import logging
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from gpuprobe.v1 import telemetry_pb2
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+DB_NAME = "spool.sqlite3"
+LOCK_NAME = "lock"
+
+T = TypeVar("T")
+
+
+class SpoolError(RuntimeError):
+    """The spool directory cannot be used (not writable, or owned by another running agent)."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    seq: int
+    samples: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Appended:
+    seq: int
+    samples: int
+    size_bytes: int
+    dropped_samples: int  # by the cap, in this append
+    dropped_batches: int
+    payload: bytes
+
+    def stored(self) -> Stored:
+        return Stored(self.seq, self.samples, self.payload)
+
+
+@dataclass(frozen=True)
+class Deleted:
+    batches: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class SpoolState:
+    spool_id: str
+    oldest_seq: int  # 0 when empty
+    newest_seq: int  # 0 when empty
+    batches: int
+    samples: int
+    bytes: int
+    last_seq: int
+
+
+class Spool:
+    """Synchronous API; use it from one thread at a time (:class:`AsyncSpool` does that for the agent)."""
+
+    def __init__(self, directory: Path, max_bytes: int = 512 * 2**20, max_age_s: float = 0.0) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"the spool's size cap must be positive, not {max_bytes}")
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+            self._lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        except OSError as e:
+            raise SpoolError(f"cannot use spool directory {directory}: {e}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise SpoolError(f"spool directory {directory} is in use by another agent") from None
+        try:
+            self._db = self._open_db()
+        except sqlite3.DatabaseError as e:
+            self._db = self._recover(e)
+        self._reload_totals()
+        self.spool_id = str(self._db.execute("SELECT value FROM meta WHERE key='spool_id'").fetchone()[0])
+
+    # ------------------------------------------------------------------ opening
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.directory / DB_NAME, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+
+    def _open_db(self) -> sqlite3.Connection:
+        db = self._connect()
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS batches(seq INTEGER PRIMARY KEY, created_unix_ns INTEGER NOT NULL,"
+            " samples INTEGER NOT NULL, payload BLOB NOT NULL)"
+        )
+        defaults: dict[str, object] = {
+            "format_version": FORMAT_VERSION,
+            "spool_id": secrets.token_hex(8),
+            "last_seq": 0,
+            "pending_dropped_samples": 0,
+            "pending_dropped_batches": 0,
+            "dropped_samples_total": 0,
+            "dropped_batches_total": 0,
+        }
+        for key, value in defaults.items():
+            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
+        db.execute("COMMIT")
+        version = db.execute("SELECT value FROM meta WHERE key='format_version'").fetchone()[0]
+        if int(version) != FORMAT_VERSION:
+            db.close()
+            raise sqlite3.DatabaseError(f"unknown spool format version {version}")
+        db.execute("PRAGMA quick_check").fetchone()
+        return db
+
+    def _recover(self, error: Exception) -> sqlite3.Connection:
+        aside = self.directory / f"{DB_NAME}.corrupt-{int(time.time())}"
+        log.error(
+            "spool %s is unreadable (%s): moved to %s; starting a new spool", self.directory / DB_NAME, error, aside
+        )
+        (self.directory / DB_NAME).rename(aside)
+        for suffix in ("-wal", "-shm"):
+            extra = self.directory / (DB_NAME + suffix)
+            if extra.exists():
+                extra.rename(aside.with_name(aside.name + suffix))
+        return self._open_db()
+
+    def _meta(self, key: str) -> int:
+        return int(self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()[0])
+
+    def _set_meta(self, key: str, value: object) -> None:
+        self._db.execute("UPDATE meta SET value=? WHERE key=?", (value, key))
+
+    def close(self) -> None:
+        self._db.close()
+        os.close(self._lock_fd)
+
+    # ------------------------------------------------------------------ writing
+
+    def append(
+        self,
+        batch: telemetry_pb2.SampleBatch,
+        samples: int,
+        now_ns: int | None = None,
+        protect: Callable[[], tuple[int, int]] | None = None,
+    ) -> Appended:
+        """Assign the next seq, enforce the cap, store the batch durably; ``batch`` gets its seq and stats.
+
+        ``protect`` tells the cap what the uplink is doing: ``(acked_through, sent_through)``. Rows up
+        to ``acked_through`` are acknowledged (their delete is pending) and make room first, without
+        counting as drops; rows in ``(acked_through, sent_through]`` are in flight and are not dropped.
+        """
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            seq = self._meta("last_seq") + 1
+            batch.seq = seq
+            size_estimate = batch.ByteSize() + 32  # the stats and seq still to be filled in
+            acked_through, sent_through = protect() if protect is not None else (0, 0)
+            dropped_samples, dropped_batches = self._enforce_cap(size_estimate, now_ns, acked_through, sent_through)
+            pending_samples = self._meta("pending_dropped_samples") + dropped_samples
+            pending_batches = self._meta("pending_dropped_batches") + dropped_batches
+            stats = batch.stats
+            stats.dropped_samples = pending_samples
+            stats.dropped_batches = pending_batches
+            stats.spool_bytes = self._bytes + size_estimate
+            payload = batch.SerializeToString()
+            db.execute(
+                "INSERT INTO batches(seq, created_unix_ns, samples, payload) VALUES (?, ?, ?, ?)",
+                (seq, batch.created_unix_ns or now_ns, samples, payload),
+            )
+            self._set_meta("last_seq", seq)
+            self._set_meta("pending_dropped_samples", 0)
+            self._set_meta("pending_dropped_batches", 0)
+            if dropped_batches:
+                total_s = self._meta("dropped_samples_total") + dropped_samples
+                total_b = self._meta("dropped_batches_total") + dropped_batches
+                self._set_meta("dropped_samples_total", total_s)
+                self._set_meta("dropped_batches_total", total_b)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            self._reload_totals()
+            raise
+        self._batches += 1
+        self._samples += samples
+        self._bytes += len(payload)
+        return Appended(seq, samples, len(payload), dropped_samples, dropped_batches, payload)
+
+    def _enforce_cap(self, incoming_bytes: int, now_ns: int, acked_through: int, sent_through: int) -> tuple[int, int]:
+        """Make room (inside the caller's transaction); returns the (samples, batches) dropped.
+
+        Victims, oldest first: acknowledged rows (free, not drops), then rows that were not sent yet;
+        rows in flight are left alone (an acknowledgement removes them soon, or they are sent again).
+        """
+        dropped_samples = dropped_batches = 0
+        oldest_allowed_ns = now_ns - int(self.max_age_s * 1e9) if self.max_age_s > 0 else None
+        floor = max(sent_through, acked_through)
+        while self._batches:
+            row = self._db.execute(
+                "SELECT seq, created_unix_ns, samples, LENGTH(payload) FROM batches WHERE seq <= ? OR seq > ?"
+                " ORDER BY seq LIMIT 1",
+                (acked_through, floor),
+            ).fetchone()
+            if row is None:
+                break
+            too_big = self._bytes + incoming_bytes > self.max_bytes
+            too_old = oldest_allowed_ns is not None and row[1] < oldest_allowed_ns
+            acknowledged = row[0] <= acked_through
+            if not (too_big or too_old or acknowledged):
+                break
+            self._db.execute("DELETE FROM batches WHERE seq=?", (row[0],))
+            self._batches -= 1
+            self._samples -= int(row[2])
+            self._bytes -= int(row[3])
+            if not acknowledged:
+                dropped_samples += int(row[2])
+                dropped_batches += 1
+        return dropped_samples, dropped_batches
+
+    def _reload_totals(self) -> None:
+        row = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(samples), 0), COALESCE(SUM(LENGTH(payload)), 0) FROM batches"
+        ).fetchone()
+        self._batches, self._samples, self._bytes = int(row[0]), int(row[1]), int(row[2])
+
+    def delete_through(self, seq: int) -> Deleted:
+        """Remove every batch with ``seq <=`` the given one (they are acknowledged)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(samples), 0), COALESCE(SUM(LENGTH(payload)), 0) FROM batches"
+                " WHERE seq <= ?",
+                (seq,),
+            ).fetchone()
+            db.execute("DELETE FROM batches WHERE seq <= ?", (seq,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self._batches -= int(row[0])
+        self._samples -= int(row[1])
+        self._bytes -= int(row[2])
+        return Deleted(int(row[0]), int(row[1]))
+
+    # ------------------------------------------------------------------ reading
+
+    def read_after(self, seq: int, limit: int) -> list[Stored]:
+        rows = self._db.execute(
+            "SELECT seq, samples, payload FROM batches WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+        ).fetchall()
+        return [Stored(int(r[0]), int(r[1]), bytes(r[2])) for r in rows]
+
+    def state(self) -> SpoolState:
+        row = self._db.execute("SELECT MIN(seq), MAX(seq) FROM batches").fetchone()
+        return SpoolState(
+            spool_id=self.spool_id,
+            oldest_seq=int(row[0] or 0),
+            newest_seq=int(row[1] or 0),
+            batches=self._batches,
+            samples=self._samples,
+            bytes=self._bytes,
+            last_seq=self._meta("last_seq"),
+        )
+
+    def dropped_totals(self) -> tuple[int, int]:
+        """(samples, batches) dropped by the cap over the spool's whole life."""
+        return self._meta("dropped_samples_total"), self._meta("dropped_batches_total")
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def batches(self) -> int:
+        return self._batches
+
+
+class AsyncSpool:
+    """The spool for the event loop: every call runs in one dedicated thread, in order."""
+
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuprobe-spool")
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def append(
+        self, batch: telemetry_pb2.SampleBatch, samples: int, protect: Callable[[], tuple[int, int]] | None = None
+    ) -> Appended:
+        return await self._run(lambda: self.spool.append(batch, samples, protect=protect))
+
+    async def read_after(self, seq: int, limit: int) -> list[Stored]:
+        return await self._run(lambda: self.spool.read_after(seq, limit))
+
+    async def delete_through(self, seq: int) -> Deleted:
+        return await self._run(lambda: self.spool.delete_through(seq))
+
+    async def state(self) -> SpoolState:
+        return await self._run(self.spool.state)
+
+    async def close(self) -> None:
+        await self._run(self.spool.close)
+        self._executor.shutdown(wait=True)

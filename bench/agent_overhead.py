@@ -1,0 +1,274 @@
+"""The agent's CPU time per GPU-sample and RSS, beside gpustat and nvitop polling the same simulated GPUs.
+
+One run, one simulated machine (8 GPUs by default, H100 at 50 % load so values move), four processes
+started together, each in the machine's environment:
+
+- ``gpuprobe agent`` at the rate, streaming to the test receiver (``tests/agent/receiver.py``, a
+  real gRPC server in its own process, not measured) with its spool on local disk: everything the
+  agent does (host sensor, acoustic proxy, batching, SQLite spool with fsync, gRPC) is in its figure;
+- gpustat: ``gpustat.new_query()`` in a loop at the rate, touching every field it reports. A query
+  sleeps 0.1 s per GPU (gpustat measures its processes' CPU use), so with 8 GPUs it completes only
+  about 1.2 queries per second: it polls back to back and its CPU is divided by the polls it made;
+- nvitop: ``nvitop.Device.all()`` once, then for every device, at the rate: utilization, memory
+  utilization, memory used/total, power usage, power limit, temperature, fan speed, SM and memory
+  clocks and PCIe TX/RX throughput (the agent's fields that nvitop has);
+- the floor: one raw NVML call per GPU at the rate. Each first call in a new driver period makes
+  the simulator bring that GPU up to date (it reads the GPU's event file), so this is what any
+  NVML reader pays here before reading a single field; the table also gives every process's CPU
+  above this floor.
+
+After a warm-up, CPU time (utime + stime of the whole process, all threads, from ``/proc/PID/stat``
+via psutil) and RSS (sampled every 0.5 s; peak from ``VmHWM``) are measured over the window. The
+agent's GPU-samples are counted at the receiver (samples stamped inside the window); a peer's are its
+completed polls in the window times the GPU count. Usage::
+
+    python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--rate-hz 10] [--warmup 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from gpuprobe.sim import state
+from gpuprobe.sim.profiles import get_profile
+from gpuprobe.sim.runner import temporary_machine
+
+from gpuprobe.devservices.ports import free_port
+from gpuprobe.v1 import telemetry_pb2
+
+REPO = Path(__file__).resolve().parent.parent
+RECEIVER = REPO / "tests" / "agent" / "receiver.py"
+
+# A peer polls at the rate on a drift-free schedule (back to back when a poll takes longer than the
+# period) for DURATION seconds and prints the wall time of every completed poll.
+PEER_LOOP = """
+import json, sys, time
+RATE, DURATION = float(sys.argv[1]), float(sys.argv[2])
+{setup}
+period = 1.0 / RATE
+start = time.monotonic()
+stamps = []
+n = 0
+while time.monotonic() - start < DURATION:
+    delay = start + n * period - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    else:
+        n = int((time.monotonic() - start) / period)  # behind: poll now, do not try to catch up
+    {poll}
+    stamps.append(time.time())
+    n += 1
+print(json.dumps(stamps))
+"""
+
+GPUSTAT_SETUP = "import gpustat"
+GPUSTAT_POLL = textwrap.dedent(
+    """\
+    q = gpustat.new_query()
+        for g in q:
+            (g.utilization, g.memory_used, g.memory_total, g.temperature, g.fan_speed, g.power_draw, g.power_limit)
+    """
+)
+# The floor: what any NVML reader pays here per GPU and tick (one call, which makes the simulator
+# bring that GPU up to date) plus a 10 Hz Python loop.
+FLOOR_SETUP = (
+    "import ctypes, pynvml\npynvml.nvmlInit()\n"
+    "handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]\n"
+    "fn = pynvml._nvmlGetFunctionPointer('nvmlDeviceGetPowerUsage')\nmw = ctypes.c_uint()\nref = ctypes.byref(mw)"
+)
+FLOOR_POLL = "for h in handles:\n        fn(h, ref)\n"
+NVITOP_SETUP = "from nvitop import Device\ndevices = Device.all()"
+NVITOP_POLL = textwrap.dedent(
+    """\
+    for d in devices:
+            (d.gpu_utilization(), d.memory_utilization(), d.memory_used(), d.memory_total(), d.power_usage(),
+             d.power_limit(), d.temperature(), d.fan_speed(), d.sm_clock(), d.memory_clock(),
+             d.pcie_tx_throughput(), d.pcie_rx_throughput())
+    """
+)
+
+
+@dataclass
+class Measured:
+    name: str
+    proc: subprocess.Popen[bytes]
+    cpu_start_s: float = 0.0
+    cpu_end_s: float = 0.0
+    rss_bytes: list[int] = field(default_factory=list)
+    peak_rss_bytes: int = 0
+    gpu_samples: int = 0
+
+    def cpu_s(self) -> float:
+        times = psutil.Process(self.proc.pid).cpu_times()
+        return float(times.user + times.system)
+
+    def sample_rss(self) -> None:
+        self.rss_bytes.append(psutil.Process(self.proc.pid).memory_info().rss)
+
+    def read_peak(self) -> None:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                self.peak_rss_bytes = int(line.split()[1]) * 1024
+
+
+def received_gpu_samples(path: Path, t0_ns: int, t1_ns: int) -> int:
+    data = path.read_bytes() if path.exists() else b""
+    seen: set[tuple[int, int]] = set()
+    i = 0
+    while i + 4 <= len(data):
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        batch = telemetry_pb2.StreamRequest.FromString(data[i + 4 : i + 4 + n]).batch
+        seen.update((s.gpu_index, s.time_unix_ns) for s in batch.gpu_samples if t0_ns <= s.time_unix_ns < t1_ns)
+        i += 4 + n
+    return len(seen)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window (s)")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the window opens")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--rate-hz", type=float, default=10.0)
+    parser.add_argument("--profile", default="H100-SXM5-80GB")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+
+    gpuprobe = Path(sys.executable).parent / "gpuprobe"
+    with temporary_machine([get_profile(args.profile)] * args.gpus) as sim, tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.gpus):
+            state.set_load(sim.state_dir, i, 50)
+        env = sim.environ()
+        env.pop("NOTIFY_SOCKET", None)
+        out = Path(tmp)
+        port = free_port()
+        receiver = subprocess.Popen(
+            [sys.executable, str(RECEIVER), "--port", str(port), "--out", str(out / "rx")], stdout=subprocess.PIPE
+        )
+        assert receiver.stdout is not None and receiver.stdout.readline().startswith(b"READY")
+        total_s = args.warmup + args.seconds + 2
+        agent_log = open(out / "agent.log", "wb")  # noqa: SIM115
+        procs = [
+            Measured(
+                "gpuprobe agent",
+                subprocess.Popen(
+                    [
+                        str(gpuprobe),
+                        "--log-level",
+                        "warning",
+                        "agent",
+                        "--collector",
+                        f"127.0.0.1:{port}",
+                        "--spool",
+                        str(out / "spool"),
+                        "--interval",
+                        str(1 / args.rate_hz),
+                    ],
+                    env=env,
+                    stdout=agent_log,
+                    stderr=subprocess.STDOUT,
+                ),
+            ),
+        ]
+        peers = (
+            ("gpustat", GPUSTAT_SETUP, GPUSTAT_POLL),
+            ("nvitop", NVITOP_SETUP, NVITOP_POLL),
+            ("floor: 1 call/GPU", FLOOR_SETUP, FLOOR_POLL),
+        )
+        for name, setup, poll in peers:
+            code = PEER_LOOP.format(setup=setup, poll=poll)
+            procs.append(
+                Measured(
+                    name,
+                    subprocess.Popen(
+                        [sys.executable, "-c", code, str(args.rate_hz), str(total_s)],
+                        env=env,
+                        stdout=subprocess.PIPE,
+                    ),
+                )
+            )
+        try:
+            time.sleep(args.warmup)
+            t0_ns = time.time_ns()
+            for p in procs:
+                p.cpu_start_s = p.cpu_s()
+            window_end = time.monotonic() + args.seconds
+            while time.monotonic() < window_end:
+                for p in procs:
+                    p.sample_rss()
+                time.sleep(0.5)
+            for p in procs:
+                p.cpu_end_s = p.cpu_s()
+                p.read_peak()
+            t1_ns = time.time_ns()
+            agent = procs[0]
+            agent.proc.terminate()
+            agent.proc.wait(60)
+            agent.gpu_samples = received_gpu_samples(out / "rx" / "batches.bin", t0_ns, t1_ns)
+            for p in procs[1:]:
+                stdout, _ = p.proc.communicate(timeout=total_s + 60)
+                stamps = json.loads(stdout)
+                p.gpu_samples = args.gpus * sum(1 for s in stamps if t0_ns / 1e9 <= s < t1_ns / 1e9)
+        finally:
+            for p in procs:
+                if p.proc.poll() is None:
+                    p.proc.kill()
+            receiver.terminate()
+            receiver.wait(10)
+        window_s = (t1_ns - t0_ns) / 1e9
+
+    rows = []
+    for p in procs:
+        cpu = p.cpu_end_s - p.cpu_start_s
+        rows.append(
+            {
+                "name": p.name,
+                "cpu_s": cpu,
+                "core_pct": 100 * cpu / window_s,
+                "gpu_samples": p.gpu_samples,
+                "cpu_us_per_gpu_sample": 1e6 * cpu / p.gpu_samples if p.gpu_samples else float("nan"),
+                "rss_steady_mib": statistics.median(p.rss_bytes) / 2**20,
+                "rss_peak_mib": p.peak_rss_bytes / 2**20,
+            }
+        )
+    agent_row = rows[0]
+    print(
+        f"{args.gpus} simulated {args.profile} GPUs at {args.rate_hz:g} Hz, {window_s:.1f} s window "
+        f"after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs (shared)"
+    )
+    floor_us = rows[-1]["cpu_us_per_gpu_sample"]
+    print(
+        f"{'process':<18} {'CPU s':>6} {'% core':>7} {'GPU-samples':>11} {'CPU µs/GPU-sample':>17}"
+        f" {'above floor':>11} {'RSS MiB median':>14} {'peak':>6} {'ratio':>6} {'ratio above floor':>17}"
+    )
+    for r in rows:
+        ratio = r["cpu_us_per_gpu_sample"] / agent_row["cpu_us_per_gpu_sample"]
+        above = r["cpu_us_per_gpu_sample"] - floor_us
+        ratio_above = above / (agent_row["cpu_us_per_gpu_sample"] - floor_us)
+        r.update(ratio_vs_agent=ratio, above_floor_us=above, ratio_above_floor=ratio_above)
+        print(
+            f"{r['name']:<18} {r['cpu_s']:>6.2f} {r['core_pct']:>7.2f} {r['gpu_samples']:>11d}"
+            f" {r['cpu_us_per_gpu_sample']:>17.1f} {above:>11.1f} {r['rss_steady_mib']:>14.1f}"
+            f" {r['rss_peak_mib']:>6.1f} {ratio:>5.1f}x {ratio_above:>16.1f}x"
+        )
+    print(
+        "targets (DESIGN.md): agent < 0.5 % of one core and < 64 MiB RSS; peers' CPU per GPU-sample >= 5x the agent's"
+    )
+    if args.json:
+        args.json.write_text(json.dumps({"window_s": window_s, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""``gpuprobe collector`` and ``gpuprobe install collector``: their options (flags, ``GPUPROBE_*``, TOML)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuprobe.collector.install import INSTALL_OPTIONS
+
+from gpuprobe.cli import Command
+from gpuprobe.config import Option
+
+if TYPE_CHECKING:  # imported when run: `gpuprobe --help` must not need the collector's dependencies
+    from gpuprobe.collector.config import CollectorConfig
+
+log = logging.getLogger(__name__)
+
+
+def _path(text: str) -> Path:
+    return Path(text)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{value} is not a positive integer")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"{text} is not a non-negative number")
+    return value
+
+
+OPTIONS = [
+    Option("listen", "gRPC address agents connect to, HOST:PORT", default="0.0.0.0:7447", metavar="HOST:PORT"),
+    Option("influx_url", "InfluxDB base URL", default="http://127.0.0.1:8086", metavar="URL"),
+    Option(
+        "influx_api",
+        "write API: v1 (/write: InfluxDB 1.x, and the v1 compatibility API of 2.x/3.x) or v2 "
+        "(/api/v2/write via influxdb-client, with org, bucket and token)",
+        default="v1",
+        choices=["v1", "v2"],
+    ),
+    Option("influx_db", "database to write into (v1)", default="gpuprobe", metavar="NAME"),
+    Option("influx_rp", "retention policy to write into (v1; empty: the database default)", default="", metavar="NAME"),
+    Option("influx_username", "user name for basic authentication (v1)", default="", metavar="NAME"),
+    Option("influx_password", "password for basic authentication (v1)", default="", metavar="SECRET"),
+    Option(
+        "influx_token", "API token (v2: required; v1: sent as 'Authorization: Token ...')", default="", metavar="SECRET"
+    ),
+    Option("influx_org", "organization (v2)", default="", metavar="NAME"),
+    Option("influx_bucket", "bucket (v2)", default="", metavar="NAME"),
+    Option(
+        "influx_create_db",
+        "create the database (and --influx-rp with --influx-retention) at start and after a 404 (v1)",
+        default=False,
+        is_flag=True,
+    ),
+    Option(
+        "influx_retention",
+        "duration of a created retention policy, e.g. 90d (empty: infinite)",
+        default="",
+        metavar="DURATION",
+    ),
+    Option("influx_ca", "CA certificate file to verify an https InfluxDB", default="", metavar="FILE"),
+    Option("influx_timeout_s", "timeout of one write request, in s", type=float, default=30.0, metavar="SECONDS"),
+    Option("influx_gzip_level", "gzip level of write requests (0: no compression)", type=int, default=1, metavar="0-9"),
+    Option(
+        "wal",
+        "directory of the write-ahead log (SQLite)",
+        type=_path,
+        default=Path("/var/lib/gpuprobe/collector"),
+        metavar="DIR",
+    ),
+    Option(
+        "wal_max_bytes",
+        "queued line protocol at which new batches are refused (RESOURCE_EXHAUSTED)",
+        type=_positive_int,
+        default=8 << 30,
+        metavar="BYTES",
+    ),
+    Option(
+        "quarantine_max_lines",
+        "lines kept in the quarantine table (oldest dropped first)",
+        type=_positive_int,
+        default=1_000_000,
+        metavar="N",
+    ),
+    Option("tls_cert", "server certificate (PEM)", type=_path, metavar="FILE"),
+    Option("tls_key", "server private key (PEM)", type=_path, metavar="FILE"),
+    Option("tls_client_ca", "CA of agent certificates: requires mutual TLS", type=_path, metavar="FILE"),
+    Option(
+        "tls_bind_agent_id",
+        "the client certificate's CN or DNS name must equal the agent_id",
+        default=False,
+        is_flag=True,
+    ),
+    Option("tokens_file", "per-agent bearer tokens, one 'AGENT_ID TOKEN' per line", type=_path, metavar="FILE"),
+    Option(
+        "insecure",
+        "allow plaintext gRPC and agents without credentials (tests only; logs a warning)",
+        default=False,
+        is_flag=True,
+    ),
+    Option(
+        "metrics_listen",
+        "serve Prometheus metrics on HOST:PORT (worker i: PORT+i); empty: off",
+        default="",
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "workers",
+        "processes sharing the port (SO_REUSEPORT), each with its own WAL file",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+    ),
+    Option(
+        "collector_id",
+        "name of this collector in Welcome messages and metrics (default: host name)",
+        default="",
+        metavar="NAME",
+    ),
+    Option(
+        "max_message_bytes",
+        "largest StreamRequest accepted (at least 4 MiB)",
+        type=_positive_int,
+        default=8 << 20,
+        metavar="BYTES",
+    ),
+    Option(
+        "max_clock_skew_s",
+        "samples further in the future are out of range, in s",
+        type=_non_negative_float,
+        default=600.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "max_sample_age_s",
+        "samples older than this are out of range, in s",
+        type=_non_negative_float,
+        default=7 * 24 * 3600.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "timestamp_policy",
+        "out-of-range timestamps: reject (refused, reported to the agent) or flag (stored, counted, logged)",
+        default="reject",
+        choices=["reject", "flag"],
+    ),
+    Option(
+        "max_tag_bytes",
+        "longest tag value (identity labels, uuid, model, workload, probe id), in bytes",
+        type=_positive_int,
+        default=256,
+        metavar="BYTES",
+    ),
+    Option("sink_batch_lines", "lines per InfluxDB write request", type=_positive_int, default=5000, metavar="N"),
+    Option("sink_concurrency", "InfluxDB write requests in flight", type=_positive_int, default=3, metavar="N"),
+    Option(
+        "sink_linger_s",
+        "how long a partly filled request waits for more lines, in s",
+        type=_non_negative_float,
+        default=0.05,
+        metavar="SECONDS",
+    ),
+    Option(
+        "sink_max_backoff_s",
+        "longest wait between retries of a failing write, in s",
+        type=_non_negative_float,
+        default=30.0,
+        metavar="SECONDS",
+    ),
+]
+
+
+def config_from_options(values: dict[str, Any]) -> CollectorConfig:
+    """The :class:`CollectorConfig` of resolved option values (checked)."""
+    from gpuprobe.collector.config import CollectorConfig, CollectorConfigError, InfluxSettings, default_collector_id
+    from gpuprobe.collector.sink import SinkSettings
+    from gpuprobe.collector.validate import Limits
+
+    try:
+        limits = Limits(
+            max_clock_skew_s=values["max_clock_skew_s"],
+            max_sample_age_s=values["max_sample_age_s"],
+            timestamp_policy=values["timestamp_policy"],
+            max_tag_bytes=values["max_tag_bytes"],
+            max_message_bytes=values["max_message_bytes"],
+        )
+    except ValueError as exc:
+        raise CollectorConfigError(str(exc)) from None
+    config = CollectorConfig(
+        listen=values["listen"],
+        wal_dir=values["wal"],
+        wal_max_bytes=values["wal_max_bytes"],
+        quarantine_max_lines=values["quarantine_max_lines"],
+        workers=values["workers"],
+        collector_id=values["collector_id"] or default_collector_id(),
+        tls_cert=values["tls_cert"],
+        tls_key=values["tls_key"],
+        tls_client_ca=values["tls_client_ca"],
+        tls_bind_agent_id=values["tls_bind_agent_id"],
+        tokens_file=values["tokens_file"],
+        insecure=values["insecure"],
+        metrics_listen=values["metrics_listen"],
+        limits=limits,
+        influx=InfluxSettings(
+            url=values["influx_url"],
+            api=values["influx_api"],
+            database=values["influx_db"],
+            retention_policy=values["influx_rp"],
+            username=values["influx_username"],
+            password=values["influx_password"],
+            token=values["influx_token"],
+            org=values["influx_org"],
+            bucket=values["influx_bucket"],
+            create_database=values["influx_create_db"],
+            retention=values["influx_retention"],
+            ca_file=values["influx_ca"],
+            timeout_s=values["influx_timeout_s"],
+            gzip_level=values["influx_gzip_level"],
+        ),
+        sink=SinkSettings(
+            batch_lines=values["sink_batch_lines"],
+            concurrency=values["sink_concurrency"],
+            linger_s=values["sink_linger_s"],
+            backoff_max_s=max(values["sink_max_backoff_s"], 0.01),
+            backoff_initial_s=min(0.5, max(values["sink_max_backoff_s"], 0.01)),
+        ),
+    )
+    config.check()
+    return config
+
+
+def run(values: dict[str, Any], args: argparse.Namespace) -> int:
+    from gpuprobe.collector.auth import AuthConfigError
+    from gpuprobe.collector.config import CollectorConfigError
+    from gpuprobe.collector.runner import run as run_collector
+    from gpuprobe.collector.wal import WalError
+
+    try:
+        config = config_from_options(values)
+        return run_collector(config)
+    except (CollectorConfigError, AuthConfigError, WalError) as exc:
+        print(f"gpuprobe collector: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+
+
+def _run_install(values: dict[str, Any], args: argparse.Namespace) -> int:
+    from gpuprobe.collector import install
+
+    return install.run(values, args)
+
+
+COMMANDS = [
+    Command(
+        name="collector",
+        help="run the collector: authenticated gRPC ingest from agents into InfluxDB",
+        description=(
+            "Receives the agents' telemetry streams (gRPC, TLS and/or tokens), validates and encodes the "
+            "samples as InfluxDB line protocol, acknowledges each batch once it is durable in the "
+            "write-ahead log (--wal) and writes the log into InfluxDB in gzip batches. "
+            "See docs/operations.md and docs/schema.md."
+        ),
+        run=run,
+        options=OPTIONS,
+    ),
+    Command(
+        name="install.collector",
+        help="install the collector as a systemd service (unit + /etc/gpuprobe/collector.toml)",
+        description=(
+            "Writes the hardened systemd unit gpuprobe-collector.service, /etc/gpuprobe/collector.toml and a "
+            "sysusers.d entry (under --root DIR to stage them). Refuses to overwrite files without --force."
+        ),
+        run=_run_install,
+        options=INSTALL_OPTIONS,
+    ),
+]

@@ -1,0 +1,133 @@
+"""The collector's settings, checked once at start (fail fast, never after)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuprobe.collector.sink import SinkSettings
+from gpuprobe.collector.validate import Limits
+
+
+class CollectorConfigError(ValueError):
+    """A setting or a combination of settings that cannot work (the message says which)."""
+
+
+@dataclass(frozen=True)
+class InfluxSettings:
+    url: str = "http://127.0.0.1:8086"
+    api: str = "v1"  # "v1": /write (1.x, and 2.x/3.x compatibility); "v2": /api/v2/write via influxdb-client
+    database: str = "gpuprobe"  # v1
+    retention_policy: str = ""  # v1; empty: the database's default
+    username: str = ""  # v1 basic auth
+    password: str = ""
+    token: str = ""  # v1: "Authorization: Token ..."; v2: required
+    org: str = ""  # v2
+    bucket: str = ""  # v2
+    create_database: bool = False  # v1: CREATE DATABASE (and the retention policy) at start and on a 404
+    retention: str = ""  # duration of a created retention policy, e.g. "90d"; empty: infinite
+    ca_file: str = ""
+    timeout_s: float = 30.0
+    gzip_level: int = 1  # 0: no compression (v2: any level > 0 means gzip)
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT``; :class:`CollectorConfigError` when it is not one."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not host:
+        raise CollectorConfigError(f"{what} must be HOST:PORT, not {text!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise CollectorConfigError(f"{what}: port {port} is out of range")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, port
+
+
+def default_collector_id() -> str:
+    return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    listen: str = "0.0.0.0:7447"
+    wal_dir: Path = Path("/var/lib/gpuprobe/collector")
+    wal_max_bytes: int = 8 << 30
+    quarantine_max_lines: int = 1_000_000
+    workers: int = 1
+    collector_id: str = field(default_factory=default_collector_id)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    tls_bind_agent_id: bool = False
+    tokens_file: Path | None = None
+    insecure: bool = False
+    metrics_listen: str = ""
+    #: Batches of one stream that may wait for the WAL at once (the reader then stops reading,
+    #: and HTTP/2 flow control slows the agent down).
+    stream_window: int = 64
+    shutdown_grace_s: float = 5.0
+    limits: Limits = field(default_factory=Limits)
+    influx: InfluxSettings = field(default_factory=InfluxSettings)
+    sink: SinkSettings = field(default_factory=SinkSettings)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def mtls(self) -> bool:
+        return self.tls_client_ca is not None
+
+    def check(self) -> None:
+        """Raises :class:`CollectorConfigError` for settings that cannot work together."""
+        _, port = parse_address(self.listen, "--listen")
+        if self.workers < 1:
+            raise CollectorConfigError("--workers must be at least 1")
+        if self.workers > 1 and port == 0:
+            raise CollectorConfigError("--workers > 1 needs a fixed --listen port (all workers share it)")
+        if self.metrics_listen:
+            parse_address(self.metrics_listen, "--metrics-listen")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise CollectorConfigError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise CollectorConfigError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+        if self.tls_bind_agent_id and self.tls_client_ca is None:
+            raise CollectorConfigError("--tls-bind-agent-id needs --tls-client-ca (mutual TLS)")
+        if not self.insecure:
+            if not self.tls:
+                raise CollectorConfigError(
+                    "refusing to serve agents over plaintext: give --tls-cert/--tls-key "
+                    "(and --tls-client-ca for mutual TLS), or --insecure for a test setup"
+                )
+            if self.tokens_file is None and not self.mtls:
+                raise CollectorConfigError(
+                    "no agent authentication: give --tls-client-ca (mutual TLS) and/or --tokens-file, "
+                    "or --insecure for a test setup"
+                )
+        influx = self.influx
+        if influx.api not in ("v1", "v2"):
+            raise CollectorConfigError(f"--influx-api must be v1 or v2, not {influx.api!r}")
+        if not influx.url.startswith(("http://", "https://")):
+            raise CollectorConfigError(f"--influx-url must start with http:// or https://, not {influx.url!r}")
+        if influx.api == "v1" and not influx.database:
+            raise CollectorConfigError("--influx-api v1 needs --influx-db")
+        if influx.api == "v2":
+            missing = [
+                f
+                for f, v in (
+                    ("--influx-org", influx.org),
+                    ("--influx-bucket", influx.bucket),
+                    ("--influx-token", influx.token),
+                )
+                if not v
+            ]
+            if missing:
+                raise CollectorConfigError(f"--influx-api v2 needs {', '.join(missing)}")
+        if not 0 <= influx.gzip_level <= 9:
+            raise CollectorConfigError("--influx-gzip-level must be 0-9")
+        if self.sink.batch_lines < 1 or self.sink.concurrency < 1:
+            raise CollectorConfigError("--sink-batch-lines and --sink-concurrency must be at least 1")
+        if self.wal_max_bytes < 1 << 20:
+            raise CollectorConfigError("--wal-max-bytes must be at least 1 MiB")

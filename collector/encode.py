@@ -1,0 +1,684 @@
+"""Samples to InfluxDB line protocol, by hand, exactly (the storage schema is docs/schema.md).
+
+A line is ``measurement,tag=value,... field=value,... timestamp_ns``. The rules this module follows
+(InfluxDB line protocol reference, checked against the real InfluxDB 1.6 in the tests):
+
+==================  =====================================================================
+element             how it is written
+==================  =====================================================================
+measurement         ``,`` and space escaped with a backslash (ours are fixed ASCII names)
+tag key, field key  ``,``, ``=`` and space escaped (ours are fixed ``[a-z0-9_]`` names)
+tag value           ``,``, ``=`` and space escaped; other characters as they are. Values
+                    with control characters (newline!), lone surrogates or a trailing
+                    backslash are refused before they get here (:mod:`.validate`), and
+                    :func:`escape_tag_value` refuses them again, so no input can end a line
+                    early and inject a second point. Empty values: the tag is left out.
+float field         the shortest text that reads back as the same double (``0.1``, ``1e+16``,
+                    ``5e-324``; formatted by orjson's Ryu, identical to what InfluxDB parses);
+                    NaN and infinities are never written
+integer field       decimal with the ``i`` suffix, within int64 (InfluxDB has no uint64 by
+                    default); larger values are refused
+boolean field       ``true`` / ``false``
+string field        in double quotes, ``"`` and ``\\`` escaped with a backslash
+timestamp           integer ns since the epoch, the agent's own (a replay overwrites itself)
+==================  =====================================================================
+
+Tags are written sorted by key, as InfluxDB recommends. Every line ends with ``\\n``.
+
+The hot path is :class:`StreamEncoder`, one per agent stream: the tag part of each series
+(``gpu,cluster=...,host=...,uuid=... ``) is escaped once and cached. The GPU samples of a batch are
+read column by column (one ``map(attrgetter(field), samples)`` per field), and presence is asked
+only where a column holds zeros (an absent field reads as zero), for a whole column at once; a field
+no sample has is left out altogether. All numbers are then laid out row by row in one list,
+formatted by one ``orjson.dumps`` call (Ryu: about ten times faster than ``repr`` per float) and
+spliced into one cached bytes ``%`` template per series and set of present fields (a field only some
+samples lack is consumed by ``%.0s`` in theirs). Whole-column checks (no NaN or infinity, the uint64
+columns within int64, all timestamps in the window, all GPU indices known) decide whether that fast
+path applies; otherwise every sample goes through the exact, slower per-value path that also reports
+what it dropped. Both paths write identical text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
+from typing import Any
+
+import orjson
+from google.protobuf.message import Message
+from gpuprobe.collector.validate import (
+    INT64_MAX,
+    INVALID_STRING,
+    MISSING_FIELD,
+    NON_FINITE_VALUE,
+    TIMESTAMP_OUT_OF_RANGE,
+    UNKNOWN_GPU,
+    Identity,
+    Limits,
+    Problems,
+    clean_string_field,
+    sensor_name_problem,
+    tag_value_problem,
+)
+
+from gpuprobe.v1 import common_pb2, telemetry_pb2
+
+# measurement names (docs/schema.md)
+GPU = "gpu"
+NODE = "node"
+ACOUSTIC = "acoustic"
+TRAINER = "trainer"
+PROBE = "probe"
+AGENT = "agent"
+
+_FLOAT, _INT, _BOOL = 0, 1, 2
+_CACHE_LIMIT = 4096
+
+PHASES: dict[int, str] = {
+    common_pb2.PROBE_PHASE_PENDING: "pending",
+    common_pb2.PROBE_PHASE_IDLE_BASELINE: "idle",
+    common_pb2.PROBE_PHASE_WARMUP: "warmup",
+    common_pb2.PROBE_PHASE_STEADY: "steady",
+    common_pb2.PROBE_PHASE_COOLDOWN: "cooldown",
+    common_pb2.PROBE_PHASE_DONE: "done",
+}
+STATUSES: dict[int, str] = {
+    common_pb2.PROBE_STATUS_RUNNING: "running",
+    common_pb2.PROBE_STATUS_SUCCEEDED: "succeeded",
+    common_pb2.PROBE_STATUS_FAILED: "failed",
+    common_pb2.PROBE_STATUS_CANCELLED: "cancelled",
+}
+EVENT_KINDS: dict[int, str] = {
+    telemetry_pb2.PROBE_EVENT_KIND_START: "start",
+    telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE: "phase_change",
+    telemetry_pb2.PROBE_EVENT_KIND_END: "end",
+}
+SOURCES: dict[int, str] = {
+    telemetry_pb2.ACOUSTIC_SOURCE_MIC: "mic",
+    telemetry_pb2.ACOUSTIC_SOURCE_PROXY: "proxy",
+}
+
+
+class UnrepresentableError(ValueError):
+    """A name or value that line protocol cannot carry exactly (the message says why)."""
+
+
+# --- escaping ------------------------------------------------------------------------------------
+
+
+def escape_measurement(name: str) -> str:
+    """A measurement name with ``,`` and space escaped."""
+    _refuse_control(name, "measurement")
+    if not name:
+        raise UnrepresentableError("measurement name is empty")
+    return name.replace(",", "\\,").replace(" ", "\\ ")
+
+
+def escape_key(key: str) -> str:
+    """A tag or field key with ``,``, ``=`` and space escaped."""
+    _refuse_control(key, "key")
+    if not key or key.endswith("\\"):
+        raise UnrepresentableError(f"key {key!r} is empty or ends with a backslash")
+    return key.replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
+
+
+def escape_tag_value(value: str) -> str:
+    """A tag value with ``,``, ``=`` and space escaped; :class:`UnrepresentableError` if it cannot be
+    written exactly (empty, control characters, lone surrogates, a trailing backslash)."""
+    problem = tag_value_problem(value, max_bytes=1 << 30)
+    if problem is not None:
+        raise UnrepresentableError(f"tag value {value[:80]!r} {problem}")
+    return value.replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
+
+
+def quote_string_field(value: str) -> str:
+    """A string field value in double quotes with ``"`` and ``\\`` escaped (no control characters)."""
+    _refuse_control(value, "string field")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _refuse_control(text: str, what: str) -> None:
+    for char in text:
+        if char < " " or "\x7f" <= char <= "\x9f" or "\ud800" <= char <= "\udfff":
+            raise UnrepresentableError(f"{what} {text[:80]!r} contains {char!r}")
+
+
+def field_text(value: float | int | bool | str) -> str:
+    """One field value as line protocol: float ``repr``, ``<n>i``, ``true``/``false`` or a quoted string."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise UnrepresentableError(f"integer {value} is outside the int64 range")
+        return f"{value}i"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise UnrepresentableError(f"float {value!r} is not finite")
+        return float_text(value)
+    return quote_string_field(value)
+
+
+def float_text(value: float) -> str:
+    """The shortest decimal text that reads back as ``value`` (finite values only)."""
+    return orjson.dumps(value).decode()
+
+
+def series_prefix(measurement: str, tags: Mapping[str, str]) -> str:
+    """``measurement,k=v,... `` (with the trailing space): tags sorted by key, empty values left out."""
+    parts = [escape_measurement(measurement)]
+    for key in sorted(tags):
+        value = tags[key]
+        if value:
+            parts.append(f"{escape_key(key)}={escape_tag_value(value)}")
+    return ",".join(parts) + " "
+
+
+def encode_line(
+    measurement: str, tags: Mapping[str, str], fields: Mapping[str, float | int | bool | str], time_ns: int
+) -> str:
+    """One exact line (with its ``\\n``); :class:`UnrepresentableError` if anything cannot be written."""
+    if not fields:
+        raise UnrepresentableError("a point needs at least one field")
+    body = ",".join(f"{escape_key(key)}={field_text(value)}" for key, value in fields.items())
+    return f"{series_prefix(measurement, tags)}{body} {int(time_ns)}\n"
+
+
+# --- per-message field tables --------------------------------------------------------------------
+
+Spec = tuple[str, int, bool]  # proto field name (= field key), kind, optional (presence-tracked)
+
+
+def _specs(message: Any, skip: Iterable[str]) -> tuple[Spec, ...]:
+    from google.protobuf.descriptor import FieldDescriptor as FD
+
+    skipped = set(skip)
+    specs: list[Spec] = []
+    for fd in message.DESCRIPTOR.fields:
+        if fd.name in skipped:
+            continue
+        if fd.cpp_type in (FD.CPPTYPE_DOUBLE, FD.CPPTYPE_FLOAT):
+            kind = _FLOAT
+        elif fd.cpp_type in (FD.CPPTYPE_UINT32, FD.CPPTYPE_UINT64, FD.CPPTYPE_INT32, FD.CPPTYPE_INT64):
+            kind = _INT
+        elif fd.cpp_type == FD.CPPTYPE_BOOL:
+            kind = _BOOL
+        else:  # pragma: no cover - the table below lists every other field by hand
+            raise TypeError(f"{message.DESCRIPTOR.name}.{fd.name}: no line-protocol kind")
+        specs.append((fd.name, kind, fd.has_presence))
+    return tuple(specs)
+
+
+GPU_SPECS = _specs(telemetry_pb2.GpuSample, skip=("time_unix_ns", "gpu_index"))
+NODE_SPECS = _specs(telemetry_pb2.NodeSample, skip=("time_unix_ns", "hwmon_temp_c"))
+ACOUSTIC_SPECS = _specs(telemetry_pb2.AcousticSample, skip=("time_unix_ns", "source", "gpu_index"))
+TRAINER_SPECS = _specs(telemetry_pb2.TrainerSample, skip=("time_unix_ns", "probe_id", "workload", "gpu_index", "phase"))
+AGENT_SPECS = _specs(telemetry_pb2.AgentStats, skip=())
+
+_GPU_NAMES = tuple(name for name, _, _ in GPU_SPECS)
+_N_GPU = len(_GPU_NAMES)
+_ALL_GPU_FIELDS = (1 << _N_GPU) - 1
+# zero of each field's Python type: list.count compares a float with 0.0 twice as fast as with 0
+_GPU_ZEROS: tuple[float | int, ...] = tuple(0.0 if kind == _FLOAT else 0 for _, kind, _ in GPU_SPECS)
+# the batch is read column by column: the fields in spec order, then the timestamps, the GPU indices
+_GPU_COLUMNS = tuple(attrgetter(name) for name in (*_GPU_NAMES, "time_unix_ns", "gpu_index"))
+# GpuSample.HasField unbound: map(_GPU_HAS, samples, repeat(name)) checks a whole column in C
+_GPU_HAS: Callable[[telemetry_pb2.GpuSample, str], bool] = telemetry_pb2.GpuSample.HasField
+# the columns whose type can hold values beyond int64
+_UINT64_POSITIONS = tuple(
+    i
+    for i, fd in enumerate(telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name[n] for n in _GPU_NAMES)
+    if fd.type == fd.TYPE_UINT64 or fd.type == fd.TYPE_INT64
+)
+
+
+def _checked_fields(msg: Message, specs: Sequence[Spec], problems: Problems, where: str) -> list[str]:
+    """The exact ``key=value`` texts of ``msg``'s present fields; what cannot be stored is reported."""
+    parts: list[str] = []
+    for name, kind, optional in specs:
+        if optional and not msg.HasField(name):
+            continue
+        value = getattr(msg, name)
+        if kind == _FLOAT:
+            if value - value != 0.0:  # NaN or an infinity
+                problems.value(NON_FINITE_VALUE, f"{where}: {name} is {value!r}; value dropped")
+                continue
+            parts.append(f"{name}={float_text(value)}")
+        elif kind == _INT:
+            if value > INT64_MAX:
+                problems.value(
+                    NON_FINITE_VALUE,
+                    f"{where}: {name}={value} is beyond the int64 range of InfluxDB integers; value dropped",
+                )
+                continue
+            parts.append(f"{name}={value}i")
+        else:
+            parts.append(f"{name}={'true' if value else 'false'}")
+    return parts
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch as line protocol: ``lines`` (UTF-8, each ending in ``\\n``) and what was dropped."""
+
+    lines: bytes
+    line_count: int
+    sample_count: int
+    problems: Problems
+
+
+class StreamEncoder:
+    """Encodes the batches of one agent stream; caches the escaped tag part of each series."""
+
+    def __init__(self, identity: Identity, limits: Limits) -> None:
+        self.identity = identity
+        self.limits = limits
+        self._identity_tags = identity.tags()
+        self._node_prefix = series_prefix(NODE, self._identity_tags)
+        self._agent_prefix = series_prefix(AGENT, self._identity_tags)
+        self._gpu_prefixes: dict[tuple[int, str, str], str | tuple[int, str]] = {}
+        self._templates: dict[tuple[str, int, int], tuple[bytes, bool]] = {}
+        self._prefixes: dict[tuple[Any, ...], str | tuple[int, str]] = {}
+
+    # --- public ----------------------------------------------------------------------------------
+
+    def encode(self, batch: telemetry_pb2.SampleBatch, now_ns: int) -> EncodedBatch:
+        """All samples of ``batch`` that can be stored, as line protocol, plus the problems found."""
+        problems = Problems(seq=batch.seq)
+        low, high = self.limits.time_window_ns(now_ns)
+        out: list[bytes] = []
+        gpus = self._resolve_gpus(batch.gpus)
+        gpu_lines = self._encode_gpu(batch.gpu_samples, gpus, low, high, problems, out) if batch.gpu_samples else 0
+        gpu_chunks = len(out)
+        for i, node in enumerate(batch.node_samples):
+            self._encode_node(i, node, low, high, problems, out)
+        for i, acoustic in enumerate(batch.acoustic_samples):
+            self._encode_acoustic(i, acoustic, gpus, low, high, problems, out)
+        for i, trainer in enumerate(batch.trainer_samples):
+            self._encode_trainer(i, trainer, gpus, low, high, problems, out)
+        for i, event in enumerate(batch.probe_events):
+            self._encode_probe_event(i, event, low, high, problems, out)
+        if batch.HasField("stats"):
+            self._encode_stats(batch, low, high, problems, out)
+        count = (
+            len(batch.gpu_samples)
+            + len(batch.node_samples)
+            + len(batch.acoustic_samples)
+            + len(batch.trainer_samples)
+            + len(batch.probe_events)
+        )
+        return EncodedBatch(b"".join(out), gpu_lines + len(out) - gpu_chunks, count, problems)
+
+    # --- shared checks ---------------------------------------------------------------------------
+
+    def _time_ok(self, time_ns: int, low: int, high: int, problems: Problems, where: str) -> bool:
+        if low <= time_ns <= high:
+            return True
+        if time_ns < 1:
+            problems.sample(TIMESTAMP_OUT_OF_RANGE, f"{where}: time_unix_ns {time_ns} is zero or negative")
+            return False
+        if self.limits.timestamp_policy == "flag":
+            problems.flagged_timestamps += 1
+            return True
+        side = "in the future" if time_ns > high else "in the past"
+        limit = self.limits.max_clock_skew_s if time_ns > high else self.limits.max_sample_age_s
+        problems.sample(
+            TIMESTAMP_OUT_OF_RANGE,
+            f"{where}: time_unix_ns {time_ns} is more than {limit:g} s {side} of the collector's clock",
+        )
+        return False
+
+    def _resolve_gpus(self, refs: Iterable[telemetry_pb2.GpuRef]) -> dict[int, str | tuple[int, str]]:
+        """GPU index -> the escaped ``gpu`` series prefix, or (reason, message) when it is unusable."""
+        resolved: dict[int, str | tuple[int, str]] = {}
+        for ref in refs:
+            key = (ref.index, ref.uuid, ref.name)
+            prefix = self._gpu_prefixes.get(key)
+            if prefix is None:
+                prefix = self._gpu_prefix(ref)
+                if len(self._gpu_prefixes) >= _CACHE_LIMIT:
+                    self._gpu_prefixes.clear()
+                self._gpu_prefixes[key] = prefix
+            earlier = resolved.get(ref.index)
+            if earlier is not None and earlier != prefix:
+                resolved[ref.index] = (
+                    UNKNOWN_GPU,
+                    f"gpu index {ref.index} is listed twice in SampleBatch.gpus with different uuid or name",
+                )
+            else:
+                resolved[ref.index] = prefix
+        return resolved
+
+    def _gpu_prefix(self, ref: telemetry_pb2.GpuRef) -> str | tuple[int, str]:
+        for what, value in (("uuid", ref.uuid), ("name", ref.name)):
+            if value:
+                problem = tag_value_problem(value, self.limits.max_tag_bytes)
+                if problem is not None:
+                    return INVALID_STRING, f"SampleBatch.gpus index {ref.index}: {what} {value[:80]!r} {problem}"
+        tags = dict(self._identity_tags, gpu=str(ref.index), uuid=ref.uuid, model=ref.name)
+        return series_prefix(GPU, tags)
+
+    def _tag_problem(self, what: str, value: str) -> str | None:
+        problem = tag_value_problem(value, self.limits.max_tag_bytes)
+        return None if problem is None else f"{what} {value[:80]!r} {problem}"
+
+    def _cached_prefix(self, key: tuple[Any, ...], measurement: str, tags: Mapping[str, str]) -> str:
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            if len(self._prefixes) >= _CACHE_LIMIT:
+                self._prefixes.clear()
+            prefix = self._prefixes[key] = series_prefix(measurement, tags)
+        assert isinstance(prefix, str)
+        return prefix
+
+    # --- gpu: the hot path -----------------------------------------------------------------------
+
+    def _encode_gpu(
+        self,
+        samples: Sequence[telemetry_pb2.GpuSample],
+        gpus: Mapping[int, str | tuple[int, str]],
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> int:
+        """Appends the GPU lines to ``out`` (one chunk on the fast path); returns how many."""
+        listed = list(samples)  # the message wrappers, made once: every later pass reuses them
+        prefixes = {index: prefix for index, prefix in gpus.items() if isinstance(prefix, str)}
+        if len(prefixes) == len(gpus):
+            fast = self._encode_gpu_fast(listed, prefixes, low, high, problems)
+            if fast is not None:
+                out.append(fast[0])
+                return fast[1]
+        before = len(out)
+        for i, sample in enumerate(listed):
+            self._encode_gpu_checked(i, sample, gpus, low, high, problems, out)
+        return len(out) - before
+
+    def _encode_gpu_fast(
+        self,
+        samples: list[telemetry_pb2.GpuSample],
+        prefixes: dict[int, str],
+        low: int,
+        high: int,
+        problems: Problems,
+    ) -> tuple[bytes, int] | None:
+        """The lines of a batch whose every value can be written (finite, within int64, every
+        timestamp in the window, every GPU index known) and their count; None when one cannot, and
+        then nothing has been reported yet (see the module docstring for how)."""
+        n = len(samples)
+        # the 16 field columns, the timestamps, the GPU indices: one C loop per column
+        columns: list[list[Any]] = [list(map(column, samples)) for column in _GPU_COLUMNS]
+        times = columns[_N_GPU]
+        if min(times) < low or max(times) > high:
+            return None
+        # the uint64 columns are >= 0; only their maxima can be beyond int64
+        if any(max(columns[i]) > INT64_MAX for i in _UINT64_POSITIONS):
+            return None
+        # an absent field reads as zero, so only a column holding zeros needs its presence asked:
+        # `dropped` are the fields no sample has (left out of the numbers), `hidden` the fields that
+        # only some samples lack (their zero is consumed by "%.0s")
+        has = _GPU_HAS
+        dropped = 0
+        hidden: dict[int, int] = {}
+        for bit, column in enumerate(columns[:_N_GPU]):
+            if all(column):
+                continue
+            zero = _GPU_ZEROS[bit]
+            zeros = column.count(zero)
+            name = _GPU_NAMES[bit]
+            if zeros > n >> 3:
+                present = list(map(has, samples, repeat(name, n)))
+                missing = present.count(False)
+                if missing == n:
+                    dropped |= 1 << bit
+                    continue
+                position = -1
+                for _ in range(missing):
+                    position = present.index(False, position + 1)
+                    hidden[position] = hidden.get(position, 0) | 1 << bit
+            else:
+                position = -1
+                for _ in range(zeros):
+                    position = column.index(zero, position + 1)
+                    if not has(samples[position], name):
+                        hidden[position] = hidden.get(position, 0) | 1 << bit
+        kept = [column for bit, column in enumerate(columns[:_N_GPU]) if not dropped >> bit & 1]
+        kept.append(times)
+        width = len(kept)
+        flat: list[Any] = [None] * (width * n)
+        for offset, column in enumerate(kept):
+            flat[offset::width] = column
+        text = orjson.dumps(flat)
+        if b"null" in text:  # orjson writes NaN and the infinities as null: the exact path drops them
+            return None
+        get = self._templates.get
+        chosen_by_index: dict[int, bytes] = {}
+        for index, prefix in prefixes.items():
+            entry = get((prefix, dropped, 0)) or self._gpu_template(prefix, dropped, 0)
+            chosen_by_index[index] = entry[0]
+        indexes = columns[_N_GPU + 1]
+        try:
+            chosen = list(map(chosen_by_index.__getitem__, indexes))
+        except KeyError:  # a GPU index not in SampleBatch.gpus
+            return None
+        empty: list[int] = []  # the positions of samples without any value, in order
+        if dropped == _ALL_GPU_FIELDS:
+            empty = list(range(n))
+        else:
+            for position in sorted(hidden):
+                prefix = prefixes[indexes[position]]
+                absent = hidden[position]
+                entry = get((prefix, dropped, absent)) or self._gpu_template(prefix, dropped, absent)
+                chosen[position] = entry[0]
+                if not entry[1]:
+                    empty.append(position)
+        if empty:
+            # the exact path's message when the finite values of the batch add up beyond the float
+            # range (the fast path did not apply there before, and a rejection keeps its first message)
+            total = sum(map(sum, zip(*columns[: _N_GPU + 1], strict=True)))  # as it was summed then
+            if total - total != 0.0:
+                return None
+            problems.sample(MISSING_FIELD, f"gpu_samples: a gpu {indexes[empty[0]]} sample has no values", len(empty))
+        # "[a,b,...,z]" -> a, b, ..., z
+        numbers = text.split(b",")
+        numbers[0] = numbers[0][1:]
+        numbers[-1] = numbers[-1][:-1]
+        return b"".join(chosen) % tuple(numbers), n - len(empty)
+
+    def _gpu_template(self, prefix: str, dropped: int, hidden: int) -> tuple[bytes, bool]:
+        """The bytes ``%`` template of one series and set of present fields, and whether it writes a
+        line at all. It consumes one number per field not in ``dropped``, then the timestamp; a
+        ``hidden`` field's zero is formatted as nothing (``%.0s``), which is cheaper than taking it
+        out of the numbers."""
+        pieces = [prefix.replace("%", "%%")]
+        first = True
+        consumed = 1
+        for bit, (name, kind, _) in enumerate(GPU_SPECS):
+            if dropped >> bit & 1:
+                continue
+            consumed += 1
+            if hidden >> bit & 1:
+                pieces.append("%.0s")
+                continue
+            pieces.append(("" if first else ",") + (f"{name}=%si" if kind == _INT else f"{name}=%s"))
+            first = False
+        pieces.append(" %s\n")
+        entry = ("".join(pieces).encode(), True) if not first else (consumed * b"%.0s", False)
+        if len(self._templates) >= _CACHE_LIMIT:
+            self._templates.clear()
+        self._templates[(prefix, dropped, hidden)] = entry
+        return entry
+
+    def _encode_gpu_checked(
+        self,
+        i: int,
+        sample: telemetry_pb2.GpuSample,
+        gpus: Mapping[int, str | tuple[int, str]],
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> None:
+        index, time_ns = sample.gpu_index, sample.time_unix_ns
+        where = f"gpu_samples[{i}] (gpu {index}, time {time_ns})"
+        prefix = gpus.get(index)
+        if prefix is None:
+            problems.sample(UNKNOWN_GPU, f"{where}: gpu index {index} is not in SampleBatch.gpus")
+            return
+        if not isinstance(prefix, str):
+            problems.sample(prefix[0], f"{where}: {prefix[1]}")
+            return
+        if not self._time_ok(time_ns, low, high, problems, where):
+            return
+        parts = _checked_fields(sample, GPU_SPECS, problems, where)
+        if not parts:
+            problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
+            return
+        out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())
+
+    # --- the other measurements (low volume: the exact path only) --------------------------------
+
+    def _encode_node(
+        self, i: int, sample: telemetry_pb2.NodeSample, low: int, high: int, problems: Problems, out: list[bytes]
+    ) -> None:
+        time_ns = sample.time_unix_ns
+        where = f"node_samples[{i}] (time {time_ns})"
+        if not self._time_ok(time_ns, low, high, problems, where):
+            return
+        parts = _checked_fields(sample, NODE_SPECS, problems, where)
+        for name in sorted(sample.hwmon_temp_c):
+            value = sample.hwmon_temp_c[name]
+            problem = sensor_name_problem(name)
+            if problem is not None:
+                problems.value(INVALID_STRING, f"{where}: {problem}; value dropped")
+            elif value - value != 0.0:
+                problems.value(NON_FINITE_VALUE, f"{where}: hwmon {name} is {value!r}; value dropped")
+            else:
+                parts.append(f"hwmon_{name}_c={float_text(value)}")
+        if not parts:
+            problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
+            return
+        out.append(f"{self._node_prefix}{','.join(parts)} {time_ns}\n".encode())
+
+    def _gpu_tag(
+        self, has_gpu: bool, index: int, gpus: Mapping[int, Any], problems: Problems, where: str
+    ) -> str | None:
+        """The ``gpu`` tag value ("" for none), or None when the index is unknown (reported)."""
+        if not has_gpu:
+            return ""
+        if index not in gpus:
+            problems.sample(UNKNOWN_GPU, f"{where}: gpu index {index} is not in SampleBatch.gpus")
+            return None
+        return str(index)
+
+    def _encode_acoustic(
+        self,
+        i: int,
+        sample: telemetry_pb2.AcousticSample,
+        gpus: Mapping[int, Any],
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> None:
+        time_ns = sample.time_unix_ns
+        where = f"acoustic_samples[{i}] (time {time_ns})"
+        source = SOURCES.get(sample.source)
+        if source is None:
+            problems.sample(MISSING_FIELD, f"{where}: source is unspecified or unknown ({sample.source})")
+            return
+        gpu = self._gpu_tag(sample.HasField("gpu_index"), sample.gpu_index, gpus, problems, where)
+        if gpu is None or not self._time_ok(time_ns, low, high, problems, where):
+            return
+        parts = _checked_fields(sample, ACOUSTIC_SPECS, problems, where)
+        if not parts:
+            problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
+            return
+        prefix = self._cached_prefix(
+            (ACOUSTIC, source, gpu), ACOUSTIC, dict(self._identity_tags, source=source, gpu=gpu)
+        )
+        out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())
+
+    def _encode_trainer(
+        self,
+        i: int,
+        sample: telemetry_pb2.TrainerSample,
+        gpus: Mapping[int, Any],
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> None:
+        time_ns = sample.time_unix_ns
+        where = f"trainer_samples[{i}] (time {time_ns})"
+        if not sample.workload:
+            problems.sample(MISSING_FIELD, f"{where}: workload is empty")
+            return
+        phase = PHASES.get(sample.phase)
+        if phase is None:
+            problems.sample(MISSING_FIELD, f"{where}: phase is unspecified or unknown ({sample.phase})")
+            return
+        for what, value in (("workload", sample.workload), ("probe_id", sample.probe_id)):
+            problem = self._tag_problem(what, value) if value else None
+            if problem is not None:
+                problems.sample(INVALID_STRING, f"{where}: {problem}")
+                return
+        gpu = self._gpu_tag(sample.HasField("gpu_index"), sample.gpu_index, gpus, problems, where)
+        if gpu is None or not self._time_ok(time_ns, low, high, problems, where):
+            return
+        parts = _checked_fields(sample, TRAINER_SPECS, problems, where)
+        parts.append(f'phase="{phase}"')
+        key = (TRAINER, sample.probe_id, sample.workload, gpu)
+        tags = dict(self._identity_tags, probe=sample.probe_id, workload=sample.workload, gpu=gpu)
+        out.append(f"{self._cached_prefix(key, TRAINER, tags)}{','.join(parts)} {time_ns}\n".encode())
+
+    def _encode_probe_event(
+        self, i: int, event: telemetry_pb2.ProbeEvent, low: int, high: int, problems: Problems, out: list[bytes]
+    ) -> None:
+        time_ns = event.time_unix_ns
+        where = f"probe_events[{i}] (time {time_ns})"
+        for what, value in (("probe_id", event.probe_id), ("workload", event.workload)):
+            if not value:
+                problems.sample(MISSING_FIELD, f"{where}: {what} is empty")
+                return
+        problem = self._tag_problem("probe_id", event.probe_id)
+        if problem is None:
+            problem = self._tag_problem("workload", event.workload)
+        if problem is not None:
+            problems.sample(INVALID_STRING, f"{where}: {problem}")
+            return
+        texts = []
+        enums: tuple[tuple[str, dict[int, str], int], ...] = (
+            ("kind", EVENT_KINDS, int(event.kind)),
+            ("phase", PHASES, int(event.phase)),
+            ("status", STATUSES, int(event.status)),
+        )
+        for what, table, number in enums:
+            text = table.get(number)
+            if text is None:
+                problems.sample(MISSING_FIELD, f"{where}: {what} is unspecified or unknown ({number})")
+                return
+            texts.append(f'{what}="{text}"')
+        if not self._time_ok(time_ns, low, high, problems, where):
+            return
+        texts.append(f"workload={quote_string_field(event.workload)}")
+        message = clean_string_field(event.message, self.limits.max_string_field_bytes)
+        if message:
+            texts.append(f"message={quote_string_field(message)}")
+        prefix = self._cached_prefix((PROBE, event.probe_id), PROBE, dict(self._identity_tags, probe=event.probe_id))
+        out.append(f"{prefix}{','.join(texts)} {time_ns}\n".encode())
+
+    def _encode_stats(
+        self, batch: telemetry_pb2.SampleBatch, low: int, high: int, problems: Problems, out: list[bytes]
+    ) -> None:
+        time_ns = batch.created_unix_ns
+        where = f"stats (created_unix_ns {time_ns})"
+        if not low <= time_ns <= high and not (time_ns >= 1 and self.limits.timestamp_policy == "flag"):
+            problems.value(TIMESTAMP_OUT_OF_RANGE, f"{where}: out of range; agent health point dropped")
+            return
+        parts = _checked_fields(batch.stats, AGENT_SPECS, problems, where)
+        if parts:
+            out.append(f"{self._agent_prefix}{','.join(parts)} {time_ns}\n".encode())

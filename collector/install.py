@@ -1,0 +1,199 @@
+"""``gpuprobe install collector``: the hardened systemd unit, ``/etc/gpuprobe/collector.toml`` and the user.
+
+Files (under ``--root DIR`` when staging an image or a test tree):
+
+- ``/etc/systemd/system/gpuprobe-collector.service``: rendered by :func:`gpuprobe.systemd.render_unit`
+  (Type=notify with WatchdogSec, Restart=on-failure, an unprivileged user, StateDirectory
+  ``/var/lib/gpuprobe/collector`` for the WAL, ProtectSystem=strict and the rest of the shared
+  hardening), plus ``EnvironmentFile=-/etc/gpuprobe/collector.env`` for secrets
+  (``GPUPROBE_INFLUX_TOKEN=...``, ``GPUPROBE_INFLUX_PASSWORD=...``) and a higher file limit;
+- ``/etc/gpuprobe/collector.toml``: the ``[collector]`` options given here (TLS and authentication
+  on by default); every other option keeps its default (``gpuprobe collector --help``);
+- ``/etc/sysusers.d/gpuprobe-collector.conf``: the unprivileged user, created by ``systemd-sysusers``.
+
+Nothing is overwritten without ``--force``. Imported to list the commands: imports little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuprobe.config import Option
+from gpuprobe.systemd import UnitSpec, render_unit, staged_path
+
+UNIT_PATH = "/etc/systemd/system/gpuprobe-collector.service"
+CONFIG_PATH = "/etc/gpuprobe/collector.toml"
+ENV_PATH = "/etc/gpuprobe/collector.env"
+SYSUSERS_PATH = "/etc/sysusers.d/gpuprobe-collector.conf"
+STATE_DIRECTORY = "gpuprobe/collector"
+WAL_DIR = "/var/lib/gpuprobe/collector"
+
+
+def default_executable() -> Path:
+    script = Path(sys.executable).parent / "gpuprobe"
+    if script.exists():
+        return script
+    found = shutil.which("gpuprobe")
+    return Path(found) if found else Path("/usr/local/bin/gpuprobe")
+
+
+INSTALL_OPTIONS = [
+    Option("root", "stage the files under DIR instead of / (for images and tests)", Path, metavar="DIR"),
+    Option("force", "overwrite files that exist", is_flag=True, default=False),
+    Option("executable", "the gpuprobe program the unit runs (default: this installation's)", Path, metavar="PATH"),
+    Option("user", "unprivileged user (and group) the collector runs as", default="gpuprobe"),
+    Option("listen", "gRPC address written to the config", default="0.0.0.0:7447", metavar="HOST:PORT"),
+    Option("influx_url", "InfluxDB URL written to the config", default="http://127.0.0.1:8086", metavar="URL"),
+    Option("influx_api", "InfluxDB write API written to the config", default="v1", choices=["v1", "v2"]),
+    Option("influx_db", "database (v1) written to the config", default="gpuprobe", metavar="NAME"),
+    Option("influx_org", "organization (v2) written to the config", default="", metavar="NAME"),
+    Option("influx_bucket", "bucket (v2) written to the config", default="", metavar="NAME"),
+    Option(
+        "tls_cert",
+        "server certificate written to the config",
+        Path,
+        default=Path("/etc/gpuprobe/tls/collector.crt"),
+        metavar="FILE",
+    ),
+    Option(
+        "tls_key",
+        "server key written to the config",
+        Path,
+        default=Path("/etc/gpuprobe/tls/collector.key"),
+        metavar="FILE",
+    ),
+    Option(
+        "tls_client_ca",
+        "agents' CA (mutual TLS) written to the config; 'none' to rely on tokens",
+        default="/etc/gpuprobe/tls/agents-ca.crt",
+        metavar="FILE",
+    ),
+    Option("tokens_file", "per-agent tokens file written to the config", Path, metavar="FILE"),
+    Option("metrics_listen", "Prometheus endpoint written to the config", default="0.0.0.0:9447", metavar="HOST:PORT"),
+    Option("workers", "collector processes on the port", int, default=1, metavar="N"),
+    Option("watchdog", "systemd watchdog timeout in s", int, 30),
+]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a TOML basic string (JSON escapes are valid TOML escapes)
+
+
+def render_config(values: dict[str, Any]) -> str:
+    entries: dict[str, Any] = {
+        "listen": values["listen"],
+        "influx_url": values["influx_url"],
+        "influx_api": values["influx_api"],
+    }
+    if values["influx_api"] == "v2":
+        entries["influx_org"] = values["influx_org"]
+        entries["influx_bucket"] = values["influx_bucket"]
+    else:
+        entries["influx_db"] = values["influx_db"]
+    entries["wal"] = WAL_DIR
+    entries["tls_cert"] = str(values["tls_cert"])
+    entries["tls_key"] = str(values["tls_key"])
+    if values["tls_client_ca"] and values["tls_client_ca"] != "none":
+        entries["tls_client_ca"] = str(values["tls_client_ca"])
+    if values["tokens_file"] is not None:
+        entries["tokens_file"] = str(values["tokens_file"])
+    if values["metrics_listen"]:
+        entries["metrics_listen"] = values["metrics_listen"]
+    if values["workers"] != 1:
+        entries["workers"] = int(values["workers"])
+    lines = [
+        "# gpuprobe collector configuration, written by `gpuprobe install collector`.",
+        "# Any option of `gpuprobe collector --help` can be set here (keys use underscores).",
+        "# GPUPROBE_* environment variables (for secrets: " + ENV_PATH + ") and flags override this file.",
+        "# docs/operations.md: TLS and tokens, scaling, WAL sizing, InfluxDB errors, metrics.",
+        "",
+        "[collector]",
+        *(f"{key} = {_toml_value(value)}" for key, value in entries.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_collector_unit(values: dict[str, Any], executable: Path) -> str:
+    spec = UnitSpec(
+        description="gpuprobe collector: agents' telemetry into InfluxDB",
+        exec_start=[str(executable), "--config", CONFIG_PATH, "collector"],
+        user=values["user"],
+        state_directory=STATE_DIRECTORY,
+        watchdog_s=int(values["watchdog"]),
+        timeout_stop_s=30,
+    )
+    unit = render_unit(spec)
+    return unit.replace("[Service]\n", f"[Service]\nEnvironmentFile=-{ENV_PATH}\nLimitNOFILE=65536\n", 1)
+
+
+def render_sysusers(user: str) -> str:
+    return f'u {user} - "gpuprobe telemetry" /var/lib/gpuprobe\n'
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    tmp.replace(path)
+
+
+def run(values: dict[str, Any], args: argparse.Namespace) -> int:
+    def fail(message: str) -> int:
+        print(f"gpuprobe install collector: error: {message}", file=sys.stderr)
+        return 2
+
+    executable = Path(values["executable"]) if values["executable"] else default_executable()
+    if not executable.is_absolute():
+        return fail(f"--executable must be an absolute path, not {executable}")
+    if values["workers"] < 1:
+        return fail("--workers must be at least 1")
+    if values["influx_api"] == "v2" and not (values["influx_org"] and values["influx_bucket"]):
+        return fail("--influx-api v2 needs --influx-org and --influx-bucket (the token goes into " + ENV_PATH + ")")
+    root: Path | None = values["root"]
+    files = {
+        staged_path(root, UNIT_PATH): (render_collector_unit(values, executable), 0o644),
+        staged_path(root, CONFIG_PATH): (render_config(values), 0o644),
+        staged_path(root, SYSUSERS_PATH): (render_sysusers(values["user"]), 0o644),
+    }
+    existing = [p for p in files if p.exists()]
+    if existing and not values["force"]:
+        print(
+            "gpuprobe install collector: refusing to overwrite " + ", ".join(map(str, existing)) + " (use --force)",
+            file=sys.stderr,
+        )
+        return 1
+    for path, (text, mode) in files.items():
+        try:
+            _write(path, text, mode)
+        except OSError as e:
+            return fail(f"cannot write {path}: {e}")
+        print(f"wrote {path}")
+    where = f" (staged under {root}: copy that tree onto the host first)" if root is not None else ""
+    user = values["user"]
+    print(f"\nnext steps{where}:")
+    print(f"  put the server certificate and key at {values['tls_cert']} and {values['tls_key']}")
+    if values["tls_client_ca"] and values["tls_client_ca"] != "none":
+        print(f"  put the CA that signs the agents' certificates at {values['tls_client_ca']}")
+    print(f"  secrets (GPUPROBE_INFLUX_TOKEN=..., GPUPROBE_INFLUX_PASSWORD=...) go into {ENV_PATH} (mode 0600)")
+    print(f"  systemd-sysusers                          # creates the user {user}")
+    print("  systemctl daemon-reload")
+    print("  systemctl enable --now gpuprobe-collector")
+    print("  journalctl -u gpuprobe-collector -f")
+    print(f"\nnote: the key and tokens file must be readable by {user} (e.g. 0640 root:{user})")
+    if any(str(executable).startswith(p) for p in ("/home/", "/root/")):
+        print(
+            f"\nwarning: {executable} is under /home or /root, which the unit hides (ProtectHome=yes): "
+            "install gpuprobe elsewhere (e.g. /opt/gpuprobe) or pass --executable",
+        )
+    return 0

@@ -1,0 +1,294 @@
+"""Running the collector: one process (:class:`Collector`), or ``--workers N`` processes on one port.
+
+With ``--workers N`` the main process forks N workers *before* anything of gRPC exists (gRPC
+cannot survive a fork); each binds the same port with ``SO_REUSEPORT`` (the kernel spreads agent
+connections over them), has its own WAL file ``collector-<i>.sqlite``, its own sink and, with
+``--metrics-listen HOST:PORT``, serves its metrics on ``PORT + i``. The main process tells
+systemd READY when every worker is serving, pings the watchdog while they all live, forwards
+SIGTERM, and exits non-zero when a worker dies (systemd restarts the service; a worker's WAL
+survives). Workers die with the main process (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from gpuprobe.collector.auth import Authenticator, TokenStore, server_credentials
+from gpuprobe.collector.config import CollectorConfig, parse_address
+from gpuprobe.collector.metrics import Metrics
+from gpuprobe.collector.server import TelemetryService, server_options
+from gpuprobe.collector.sink import Backend, Sink, V1Backend, V2Backend
+from gpuprobe.collector.wal import WriteAheadLog, merge_orphans, wal_path
+
+from gpuprobe.systemd import Notifier, watchdog_interval_s
+
+log = logging.getLogger(__name__)
+
+_READY_TIMEOUT_S = 120.0
+
+
+def make_backend(config: CollectorConfig) -> Backend:
+    influx = config.influx
+    connections = config.sink.concurrency + 1
+    if influx.api == "v2":
+        return V2Backend(
+            influx.url,
+            influx.org,
+            influx.bucket,
+            influx.token,
+            gzip=influx.gzip_level > 0,
+            timeout_s=influx.timeout_s,
+            connections=connections,
+            ca_file=influx.ca_file,
+        )
+    return V1Backend(
+        influx.url,
+        influx.database,
+        influx.retention_policy,
+        username=influx.username,
+        password=influx.password,
+        token=influx.token,
+        gzip_level=influx.gzip_level,
+        timeout_s=influx.timeout_s,
+        connections=connections,
+        ca_file=influx.ca_file,
+        create_database=influx.create_database,
+        retention=influx.retention,
+    )
+
+
+class Collector:
+    """One collector process's parts, started and stopped together (also used in-process by tests)."""
+
+    def __init__(self, config: CollectorConfig, *, worker: int = 0, backend: Backend | None = None) -> None:
+        config.check()
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
+        self.config = config
+        self.worker = worker
+        self.metrics = Metrics()
+        self.metrics.info.labels(config.collector_id, _version()).set(1)
+        self.wal = WriteAheadLog(
+            wal_path(config.wal_dir, worker),
+            max_bytes=config.wal_max_bytes,
+            quarantine_max_lines=config.quarantine_max_lines,
+        )
+        self.wal.on_commit_seconds = self.metrics.wal_commit_seconds.observe
+        self.metrics.watch_wal(lambda: self.wal.depth_lines, lambda: self.wal.depth_bytes, lambda: self.wal.depth_rows)
+        self._backend = backend
+        self.sink: Sink | None = None
+        self.service: TelemetryService | None = None
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        config = self.config
+        tokens = TokenStore(config.tokens_file) if config.tokens_file is not None else None
+        authenticator = Authenticator(tokens, mtls=config.mtls, bind_certificate=config.tls_bind_agent_id)
+        self.wal.start()
+        self.sink = Sink(self.wal, self._backend or make_backend(config), self.metrics, config.sink)
+        await self.sink.start()
+        self.service = TelemetryService(config, self.wal, self.metrics, authenticator)
+        self.server = grpc.aio.server(handlers=[self.service.handler()], options=server_options(config))
+        host, port = parse_address(config.listen, "--listen")
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if config.tls:
+            assert config.tls_cert is not None and config.tls_key is not None
+            credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+            self.port = self.server.add_secure_port(address, credentials)
+        else:
+            log.warning(
+                "serving agents over PLAINTEXT without authentication checks beyond what is configured "
+                "(--insecure): anyone who can reach %s can send data; use TLS and tokens in production",
+                config.listen,
+            )
+            self.port = self.server.add_insecure_port(address)
+        if not self.port:
+            raise OSError(f"cannot listen on {config.listen}")
+        await self.server.start()
+        if config.metrics_listen:
+            metrics_host, metrics_port = parse_address(config.metrics_listen, "--metrics-listen")
+            self.metrics.serve(metrics_host, metrics_port + self.worker if metrics_port else 0)
+        log.info(
+            "collector %s worker %d serving on port %d (%s, %s); WAL %s with %d lines queued; InfluxDB %s (%s API)",
+            config.collector_id,
+            self.worker,
+            self.port,
+            "mutual TLS" if config.mtls else "TLS" if config.tls else "plaintext",
+            "tokens" if tokens is not None else "no tokens",
+            self.wal.path,
+            self.wal.depth_lines,
+            config.influx.url,
+            config.influx.api,
+        )
+
+    async def stop(self) -> None:
+        """Ends the streams (UNAVAILABLE after acking what is durable), then stops sending and closes
+        the WAL. What InfluxDB has not confirmed stays in the WAL for the next start."""
+        if self.service is not None:
+            self.service.shutdown()
+        if self.server is not None:
+            await self.server.stop(self.config.shutdown_grace_s)
+            self.server = None
+        if self.sink is not None:
+            await self.sink.stop()
+            self.sink = None
+        self.metrics.close()
+        await asyncio.to_thread(self.wal.close)
+
+
+def _version() -> str:
+    from gpuprobe import __version__
+
+    return __version__
+
+
+async def _serve(config: CollectorConfig, worker: int, notifier: Notifier | None, ready_fd: int | None) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    with contextlib.suppress(ValueError, OSError):
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP: the tokens file is re-read when it changes"))
+    collector = Collector(config, worker=worker)
+    try:
+        await collector.start()
+    except BaseException:
+        await collector.stop()
+        raise
+    if notifier is not None:
+        notifier.ready(f"serving on port {collector.port}")
+    if ready_fd is not None:
+        os.write(ready_fd, b"R")
+        os.close(ready_fd)
+    watchdog = asyncio.create_task(_watchdog(notifier, collector)) if notifier is not None else None
+    await stop.wait()
+    log.info("stopping: ending agent streams, keeping %d queued lines in the WAL", collector.wal.depth_lines)
+    if notifier is not None:
+        notifier.stopping()
+    if watchdog is not None:
+        watchdog.cancel()
+    await collector.stop()
+    return 0
+
+
+async def _watchdog(notifier: Notifier, collector: Collector) -> None:
+    interval = watchdog_interval_s()
+    while True:
+        if collector.wal.healthy:
+            notifier.watchdog()
+            notifier.status(
+                f"serving on port {collector.port}; WAL {collector.wal.depth_lines} lines queued; "
+                f"InfluxDB {'up' if collector.sink is not None and collector.sink.up else 'DOWN'}"
+            )
+        await asyncio.sleep(interval if interval is not None else 10.0)
+
+
+def run(config: CollectorConfig) -> int:
+    """``gpuprobe collector``: serve until SIGTERM or SIGINT; returns the exit code."""
+    config.check()
+    if config.workers == 1:
+        return asyncio.run(_serve(config, 0, Notifier(), None))
+    return _run_workers(config)
+
+
+def _run_workers(config: CollectorConfig) -> int:
+    merge_orphans(Path(config.wal_dir), config.workers)
+    notifier = Notifier()
+    children: dict[int, int] = {}  # pid -> worker
+    ready_pipes: list[int] = []
+    for worker in range(config.workers):
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.close(read_fd)
+            code = 1
+            try:
+                _die_with_parent()
+                code = asyncio.run(_serve(config, worker, None, write_fd))
+            except BaseException:
+                log.exception("collector worker %d failed", worker)
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        os.close(write_fd)
+        children[pid] = worker
+        ready_pipes.append(read_fd)
+
+    stopping = False
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    if not _wait_ready(ready_pipes, children):
+        forward(signal.SIGTERM, None)
+        _reap_all(children)
+        return 1
+    notifier.ready(f"{config.workers} workers serving on {config.listen}")
+    interval = watchdog_interval_s() or 10.0
+    code = 0
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            notifier.watchdog()
+            time.sleep(min(interval, 1.0))
+            continue
+        worker = children.pop(pid)
+        exit_code = os.waitstatus_to_exitcode(status)
+        if not stopping:
+            log.error("collector worker %d exited with %d; stopping the others", worker, exit_code)
+            code = 1
+            forward(signal.SIGTERM, None)
+    notifier.stopping()
+    return code
+
+
+def _wait_ready(pipes: list[int], children: dict[int, int]) -> bool:
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    waiting = set(pipes)
+    while waiting and time.monotonic() < deadline:
+        readable, _, _ = select.select(list(waiting), [], [], 0.5)
+        for fd in readable:
+            data = os.read(fd, 1)
+            os.close(fd)
+            waiting.discard(fd)
+            if data != b"R":
+                log.error("a collector worker failed to start")
+                return False
+    if waiting:
+        log.error("collector workers did not start within %.0f s", _READY_TIMEOUT_S)
+        return False
+    return True
+
+
+def _reap_all(children: dict[int, int]) -> None:
+    for pid in list(children):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        children.pop(pid, None)
+
+
+def _die_with_parent() -> None:
+    """The kernel sends SIGTERM to this worker when the main process dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

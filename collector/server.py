@@ -1,0 +1,298 @@
+"""The gRPC side: ``gpuprobe.v1.TelemetryService.Stream`` served with ``grpc.aio``.
+
+One stream per agent connection (docs/wire.md): credentials are checked before anything is read
+(:mod:`.auth`), the first message must be a ``Hello`` (checked by :mod:`.validate`), then batches are
+validated and encoded (:mod:`.encode`), committed to the WAL (:mod:`.wal`) and only then acked.
+
+Inside one stream a reader task parses, checks and encodes each batch and hands it to the WAL
+(whose writer thread commits whatever arrived together in one transaction); the handler itself
+awaits those commits in order and answers with cumulative acks, coalescing the ones that are ready
+together. At most ``stream_window`` batches of a stream wait for the WAL; then the reader stops
+reading and HTTP/2 flow control slows that agent down, and nobody else.
+
+Requests arrive as raw bytes and are parsed here, so that an undecodable message ends its stream
+with ``INVALID_ARGUMENT`` (gRPC's own deserializer would answer ``INTERNAL``); gRPC itself refuses
+messages over ``--max-message-bytes`` with ``RESOURCE_EXHAUSTED``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from gpuprobe.collector.auth import Authenticator
+from gpuprobe.collector.config import CollectorConfig
+from gpuprobe.collector.encode import StreamEncoder
+from gpuprobe.collector.metrics import Metrics
+from gpuprobe.collector.validate import NS_PER_S, REASON_LABELS, Identity, StreamError, check_hello
+from gpuprobe.collector.wal import WalError, WriteAheadLog
+
+from gpuprobe import __version__
+from gpuprobe.v1 import telemetry_pb2
+
+log = logging.getLogger(__name__)
+
+SERVICE = "gpuprobe.v1.TelemetryService"
+
+
+@dataclass
+class _Pending:
+    seq: int
+    future: asyncio.Future[None] | None  # None: nothing to wait for (a replay or an empty batch)
+    rejections: list[telemetry_pb2.BatchRejection]
+
+
+class _End:
+    """The agent half-closed the stream."""
+
+
+class TelemetryService:
+    """The servicer: one instance per collector process."""
+
+    def __init__(
+        self, config: CollectorConfig, wal: WriteAheadLog, metrics: Metrics, authenticator: Authenticator
+    ) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.wal = wal
+        self.metrics = metrics
+        self.auth = authenticator
+        self._streams: set[asyncio.Queue[Any]] = set()
+        self._stopping = False
+        # one encoder per identity, shared by that agent's streams: reconnects keep the escaped prefixes
+        self._encoders: dict[Identity, StreamEncoder] = {}
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {"Stream": grpc.stream_stream_rpc_method_handler(self.stream)},  # raw bytes in and out
+        )
+
+    def shutdown(self) -> None:
+        """Ends every open stream with UNAVAILABLE after acking what is durable; refuses new ones."""
+        self._stopping = True
+        for queue in list(self._streams):
+            queue.put_nowait(StreamError(grpc.StatusCode.UNAVAILABLE, "the collector is shutting down"))
+
+    # --- one stream ------------------------------------------------------------------------------
+
+    async def stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        self.metrics.streams_open.inc()
+        code = "OK"
+        try:
+            try:
+                async for response in self._serve(requests, context):
+                    yield response
+            except StreamError as error:
+                code = error.code.name
+                log.log(
+                    logging.INFO if error.code == grpc.StatusCode.UNAVAILABLE else logging.WARNING,
+                    "stream from %s ended with %s: %s",
+                    context.peer(),
+                    error.code.name,
+                    error.message,
+                )
+                await context.abort(error.code, error.message)
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        finally:
+            self.metrics.streams_open.dec()
+            self.metrics.streams_ended.labels(code).inc()
+
+    async def _serve(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        if self._stopping:
+            raise StreamError(grpc.StatusCode.UNAVAILABLE, "the collector is shutting down")
+        principal = self.auth.authenticate(context.invocation_metadata() or (), context.auth_context())
+        incoming = requests.__aiter__()
+        try:
+            first = _parse(await incoming.__anext__())
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("kind") != "hello":
+            raise StreamError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the first message of a stream must be a Hello, not {first.WhichOneof('kind') or 'an empty message'}",
+            )
+        hello = first.hello
+        identity = check_hello(hello, self.limits)
+        self.auth.authorize(principal, identity.agent_id)
+        now_ns = time.time_ns()
+        if hello.time_unix_ns and abs(hello.time_unix_ns - now_ns) > self.limits.max_clock_skew_s * NS_PER_S:
+            self.metrics.clock_skew_warnings.inc()
+            log.warning(
+                "agent %s: its clock is %+.1f s off the collector's",
+                identity.agent_id,
+                (hello.time_unix_ns - now_ns) / NS_PER_S,
+            )
+        durable = self.wal.durable_seq(identity.agent_id, hello.spool_id)
+        log.info(
+            "agent %s (host %s, %s) connected from %s: spool %s, unacked %d..%d, durable here up to %d",
+            identity.agent_id,
+            identity.host,
+            hello.agent_version or "unknown version",
+            context.peer(),
+            hello.spool_id or "-",
+            hello.oldest_unacked_seq,
+            hello.newest_unacked_seq,
+            durable,
+        )
+        yield telemetry_pb2.StreamResponse(
+            welcome=telemetry_pb2.Welcome(
+                collector_id=self.config.collector_id,
+                collector_version=__version__,
+                max_message_bytes=self.limits.max_message_bytes,
+                time_unix_ns=time.time_ns(),
+            )
+        ).SerializeToString()
+
+        queue: asyncio.Queue[_Pending | _End | StreamError] = asyncio.Queue()
+        window = asyncio.Semaphore(max(1, self.config.stream_window))
+        self._streams.add(queue)
+        reader = asyncio.create_task(self._read(incoming, identity, hello.spool_id, queue, window))
+        try:
+            held: _Pending | _End | StreamError | None = None
+            while True:
+                item = held if held is not None else await queue.get()
+                held = None
+                if isinstance(item, _End):
+                    return
+                if isinstance(item, StreamError):
+                    raise item
+                await self._durable(item)
+                window.release()
+                seq, rejections = item.seq, list(item.rejections)
+                while not queue.empty():  # coalesce what is durable already into the same ack
+                    following = queue.get_nowait()
+                    if not isinstance(following, _Pending) or (
+                        following.future is not None and not following.future.done()
+                    ):
+                        held = following
+                        break
+                    await self._durable(following)
+                    window.release()
+                    seq = following.seq
+                    rejections.extend(following.rejections)
+                yield telemetry_pb2.StreamResponse(
+                    ack=telemetry_pb2.Ack(durable_seq=seq, rejections=rejections)
+                ).SerializeToString()
+        finally:
+            self._streams.discard(queue)
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def _durable(self, item: _Pending) -> None:
+        if item.future is None:
+            return
+        try:
+            await item.future
+        except WalError as exc:
+            raise StreamError(grpc.StatusCode.UNAVAILABLE, f"the collector cannot store batches: {exc}") from exc
+
+    async def _read(
+        self,
+        incoming: AsyncIterator[bytes],
+        identity: Identity,
+        spool_id: str,
+        queue: asyncio.Queue[_Pending | _End | StreamError],
+        window: asyncio.Semaphore,
+    ) -> None:
+        last_seq = 0
+        try:
+            async for raw in incoming:
+                request = _parse(raw)
+                kind = request.WhichOneof("kind")
+                if kind == "hello":
+                    raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, "a second Hello on the same stream")
+                if kind != "batch":
+                    raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "a StreamRequest with neither hello nor batch")
+                batch = request.batch
+                if batch.agent_id != identity.agent_id:
+                    raise StreamError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"batch seq {batch.seq} is for agent {batch.agent_id[:80]!r}, "
+                        f"this stream is {identity.agent_id!r}",
+                    )
+                if batch.seq <= last_seq:
+                    raise StreamError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"batch seq {batch.seq} does not increase (the previous batch was {last_seq}; seq starts at 1)",
+                    )
+                last_seq = batch.seq
+                await window.acquire()
+                self.metrics.batches_received.inc()
+                if batch.seq <= self.wal.durable_seq(identity.agent_id, spool_id):
+                    self.metrics.batches_replayed.inc()
+                    queue.put_nowait(_Pending(batch.seq, None, []))
+                    continue
+                if not self.wal.healthy:
+                    raise StreamError(grpc.StatusCode.UNAVAILABLE, "the collector's WAL failed; try another collector")
+                if self.wal.full:
+                    raise StreamError(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"the collector's WAL is full ({self.wal.depth_bytes} bytes queued for InfluxDB); retry later",
+                    )
+                encoded = self._encoder(identity).encode(batch, time.time_ns())
+                self._count(encoded.sample_count, encoded.line_count, encoded.problems)
+                future = asyncio.ensure_future(
+                    self.wal.append(identity.agent_id, spool_id, batch.seq, encoded.lines, encoded.line_count)
+                )
+                queue.put_nowait(_Pending(batch.seq, future, encoded.problems.rejections()))
+            queue.put_nowait(_End())
+        except StreamError as error:
+            queue.put_nowait(error)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug must end this stream only
+            log.exception("stream of agent %s failed", identity.agent_id)
+            queue.put_nowait(StreamError(grpc.StatusCode.INTERNAL, f"collector error: {type(exc).__name__}: {exc}"))
+
+    def _encoder(self, identity: Identity) -> StreamEncoder:
+        encoder = self._encoders.get(identity)
+        if encoder is None:
+            if len(self._encoders) >= 10_000:
+                self._encoders.clear()
+            encoder = self._encoders[identity] = StreamEncoder(identity, self.limits)
+        return encoder
+
+    def _count(self, samples: int, lines: int, problems: Any) -> None:
+        self.metrics.samples_received.inc(samples)
+        self.metrics.lines_accepted.inc(lines)
+        for reason, tally in problems.by_reason.items():
+            label = REASON_LABELS.get(reason, "other")
+            if tally.samples:
+                self.metrics.rejected_samples.labels(label).inc(tally.samples)
+            if tally.values:
+                self.metrics.rejected_values.labels(label).inc(tally.values)
+        if problems.flagged_timestamps:
+            self.metrics.timestamps_flagged.inc(problems.flagged_timestamps)
+
+
+def _parse(raw: bytes) -> telemetry_pb2.StreamRequest:
+    try:
+        return telemetry_pb2.StreamRequest.FromString(raw)
+    except DecodeError as exc:
+        raise StreamError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"undecodable StreamRequest ({len(raw)} bytes): {exc}"
+        ) from None
+
+
+def server_options(config: CollectorConfig) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", config.limits.max_message_bytes),
+        ("grpc.max_send_message_length", 4 * 1024 * 1024),
+        ("grpc.so_reuseport", 1 if config.workers > 1 else 0),
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]

@@ -1,0 +1,451 @@
+"""The collector's write-ahead log: encoded batches are durable here before an agent gets its ack.
+
+Format
+------
+One SQLite database per collector process, ``<wal dir>/collector-<worker>.sqlite`` (journal mode
+WAL, ``synchronous=FULL``, ``auto_vacuum=INCREMENTAL``), next to an exclusive ``flock`` lock file
+``collector-<worker>.lock`` so that two processes never share one log. Tables:
+
+``pending(id INTEGER PRIMARY KEY AUTOINCREMENT, agent_id, seq, received_ns, line_count, lines BLOB)``
+    One row per accepted agent batch: its line protocol (UTF-8, every line ending in ``\\n``, no
+    other newline anywhere), gzip-compressed as one member (about 8 times smaller: less disk, and
+    less for SQLite to copy), waiting for the sink. ``id`` grows; the sink sends in ``id`` order.
+``agents(agent_id PRIMARY KEY, spool_id, durable_seq, updated_ns)``
+    Per agent: the highest batch sequence number of its spool ``spool_id`` that is durable here.
+``quarantine(id INTEGER PRIMARY KEY AUTOINCREMENT, quarantined_ns, status, reason, line BLOB)``
+    Lines InfluxDB refused for good (partial write, series limit, a single line too large), with
+    the HTTP status and InfluxDB's message; kept for the operator, never retried. At most
+    ``quarantine_max_lines`` rows (the oldest go first).
+``meta(key PRIMARY KEY, value)``
+    ``format`` = :data:`FORMAT_VERSION`.
+
+Invariants
+----------
+1. :meth:`WriteAheadLog.append` returns only after the transaction holding the batch's ``pending``
+   row *and* its ``agents`` update has been committed and fsynced; only then does the server ack
+   the batch. Batches arriving together are committed in one transaction (group commit).
+   Transactions that only delete delivered rows are committed without waiting for fsync: losing one
+   in a power cut means sending those rows again, which is idempotent.
+2. ``agents.durable_seq`` only grows while ``spool_id`` stays the same; a new ``spool_id`` starts the
+   agent's sequence afresh. A batch with ``seq <= durable_seq`` of the same spool is a replay of
+   something already durable (here or already in InfluxDB): it is acked without being stored again.
+3. A ``pending`` row is deleted only after every one of its lines was answered 204 by InfluxDB or
+   moved to ``quarantine`` (in the same transaction as the delete). A crash at any point leaves the
+   row in place and the sink sends it again after restart; that is safe because every point carries
+   the agent's timestamp and full tag set, so InfluxDB overwrites it with itself.
+4. All writes go through one writer thread and one connection; the sink reads through a second
+   connection (WAL mode lets it read while the writer commits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import queue
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuprobe.collector.compression import gunzip_bytes, gzip_bytes
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = "1"
+_MAX_GROUP_OPS = 1024
+_MAX_GROUP_BYTES = 64 * 1024 * 1024
+_VACUUM_PAGES = 4096
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pending(
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    received_ns INTEGER NOT NULL,
+    line_count INTEGER NOT NULL,
+    lines BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agents(
+    agent_id TEXT PRIMARY KEY,
+    spool_id TEXT NOT NULL,
+    durable_seq INTEGER NOT NULL,
+    updated_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quarantine(
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    quarantined_ns INTEGER NOT NULL,
+    status INTEGER,
+    reason TEXT NOT NULL,
+    line BLOB NOT NULL
+);
+"""
+
+_UPSERT_AGENT = """
+INSERT INTO agents(agent_id, spool_id, durable_seq, updated_ns) VALUES (?, ?, ?, ?)
+ON CONFLICT(agent_id) DO UPDATE SET
+    durable_seq = CASE WHEN agents.spool_id = excluded.spool_id
+                       THEN max(agents.durable_seq, excluded.durable_seq)
+                       ELSE excluded.durable_seq END,
+    spool_id = excluded.spool_id,
+    updated_ns = excluded.updated_ns
+"""
+
+
+class WalError(RuntimeError):
+    """The WAL cannot be opened or written (disk full, I/O error, another process holds it)."""
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    """One stored batch waiting for the sink."""
+
+    id: int
+    line_count: int
+    gzipped: bytes  # the batch's line protocol, one gzip member
+
+    def lines(self) -> bytes:
+        return gunzip_bytes(self.gzipped)
+
+
+@dataclass
+class _Op:
+    kind: str  # "append" | "delete" | "quarantine"
+    args: Any
+    future: asyncio.Future[None] | None
+    nbytes: int = 0
+
+
+def wal_path(directory: Path, worker: int) -> Path:
+    return directory / f"collector-{worker}.sqlite"
+
+
+class WriteAheadLog:
+    """The log of one collector process. :meth:`start` it inside the event loop that awaits it."""
+
+    def __init__(self, path: Path, *, max_bytes: int = 8 << 30, quarantine_max_lines: int = 1_000_000) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.quarantine_max_lines = quarantine_max_lines
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _lock(path.with_suffix(".lock"))
+        try:
+            self._db = _connect(path)
+            with self._db:
+                self._db.executescript(_SCHEMA)
+                self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('format', ?)", (FORMAT_VERSION,))
+            version = self._db.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()[0]
+            if version != FORMAT_VERSION:
+                raise WalError(f"{path}: WAL format {version!r}, this collector writes {FORMAT_VERSION!r}")
+            self._agents: dict[str, tuple[str, int]] = {
+                agent: (spool, seq)
+                for agent, spool, seq in self._db.execute("SELECT agent_id, spool_id, durable_seq FROM agents")
+            }
+            rows, lines, nbytes = self._db.execute(
+                "SELECT count(*), coalesce(sum(line_count), 0), coalesce(sum(length(lines)), 0) FROM pending"
+            ).fetchone()
+            self._reader = _connect(path)
+        except sqlite3.Error as exc:
+            self._lock_file.close()
+            raise WalError(f"cannot open the WAL {path}: {exc}") from exc
+        self.depth_rows: int = rows
+        self.depth_lines: int = lines
+        self.depth_bytes: int = nbytes
+        self.quarantined_lines = 0
+        self._reader_lock = threading.Lock()
+        self._synchronous = "FULL"
+        self._ops: queue.Queue[_Op | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listeners: list[Callable[[], None]] = []
+        self._failed: BaseException | None = None
+        self.on_commit_seconds: Callable[[float], None] | None = None
+
+    # --- life cycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the writer thread; futures are resolved in the running event loop."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._write_loop, name=f"wal-writer {self.path.name}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stops the writer after what is queued, closes both connections and releases the lock."""
+        if self._thread is not None:
+            self._ops.put(None)
+            self._thread.join()
+            self._thread = None
+        with contextlib.suppress(sqlite3.Error):
+            self._reader.close()
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+        self._lock_file.close()
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """``callback()`` runs in the event loop after every commit that added pending rows."""
+        self._listeners.append(callback)
+
+    @property
+    def healthy(self) -> bool:
+        return self._failed is None and (self._thread is None or self._thread.is_alive())
+
+    @property
+    def full(self) -> bool:
+        """Whether the pending (compressed) lines reached ``max_bytes`` (new batches are then refused)."""
+        return self.depth_bytes >= self.max_bytes
+
+    # --- the server side ------------------------------------------------------------------------
+
+    def durable_seq(self, agent_id: str, spool_id: str) -> int:
+        """The highest durable ``seq`` of this agent's spool (0 when unknown or another spool)."""
+        known = self._agents.get(agent_id)
+        return known[1] if known is not None and known[0] == spool_id else 0
+
+    async def append(self, agent_id: str, spool_id: str, seq: int, lines: bytes, line_count: int) -> None:
+        """Stores one batch; returns once it is committed and fsynced (raises :class:`WalError`)."""
+        await self._submit("append", (agent_id, spool_id, seq, lines, line_count), len(lines))
+
+    # --- the sink side --------------------------------------------------------------------------
+
+    def read_after(self, after_id: int, max_lines: int, max_rows: int = 10_000) -> list[PendingRow]:
+        """Pending rows with ``id > after_id`` in id order, up to about ``max_lines`` lines (at least one
+        row). Blocking: call it from a worker thread."""
+        out: list[PendingRow] = []
+        total = 0
+        with self._reader_lock:
+            cursor = self._reader.execute(
+                "SELECT id, line_count, lines FROM pending WHERE id > ? ORDER BY id LIMIT ?", (after_id, max_rows)
+            )
+            try:
+                for row_id, line_count, lines in cursor:
+                    if out and total + line_count > max_lines:
+                        break
+                    out.append(PendingRow(row_id, line_count, lines))  # (lines: gzip-compressed)
+                    total += line_count
+            finally:
+                cursor.close()
+        return out
+
+    async def settle(
+        self, rows: Sequence[PendingRow], quarantined: Sequence[tuple[bytes, int | None, str]] = ()
+    ) -> None:
+        """Deletes delivered rows and stores the lines InfluxDB refused for good, in one transaction."""
+        await self._submit("settle", (list(rows), list(quarantined)), 0)
+
+    def quarantine_rows(self, limit: int = 100) -> list[tuple[int, int | None, str, bytes]]:
+        """The newest quarantined lines: ``(quarantined_ns, status, reason, line)``."""
+        with self._reader_lock:
+            return list(
+                self._reader.execute(
+                    "SELECT quarantined_ns, status, reason, line FROM quarantine ORDER BY id DESC LIMIT ?", (limit,)
+                )
+            )
+
+    def quarantine_count(self) -> int:
+        with self._reader_lock:
+            return int(self._reader.execute("SELECT count(*) FROM quarantine").fetchone()[0])
+
+    # --- the writer thread ----------------------------------------------------------------------
+
+    async def _submit(self, kind: str, args: Any, nbytes: int) -> None:
+        if self._failed is not None:
+            raise WalError(f"the WAL {self.path} failed earlier: {self._failed}")
+        if self._thread is None:
+            raise WalError("the WAL is not started")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ops.put(_Op(kind, args, future, nbytes))
+        await future
+
+    def _write_loop(self) -> None:
+        while True:
+            first = self._ops.get()
+            if first is None:
+                return
+            group = [first]
+            size = first.nbytes
+            stop = False
+            while len(group) < _MAX_GROUP_OPS and size < _MAX_GROUP_BYTES:
+                try:
+                    op = self._ops.get_nowait()
+                except queue.Empty:
+                    break
+                if op is None:
+                    stop = True
+                    break
+                group.append(op)
+                size += op.nbytes
+            self._commit(group)
+            if stop:
+                return
+
+    def _commit(self, group: list[_Op]) -> None:
+        started = time.perf_counter()
+        now_ns = time.time_ns()
+        # compressed here, in the writer thread, off the event loop
+        appended: list[tuple[str, str, int, bytes, int]] = [
+            (agent, spool, seq, gzip_bytes(lines) if count else b"", count)
+            for agent, spool, seq, lines, count in (op.args for op in group if op.kind == "append")
+        ]
+        settled = [op.args for op in group if op.kind == "settle"]
+        error: BaseException | None = None
+        try:
+            # A commit that stores batches is fsynced before anyone is told (synchronous=FULL). One
+            # that only deletes delivered rows need not wait for the disk: if it is lost, the rows are
+            # sent again (idempotent), and the next fsync (WAL frames are ordered) makes it durable.
+            self._set_synchronous("FULL" if appended else "NORMAL")
+            with self._db:  # BEGIN ... COMMIT, ROLLBACK on error
+                self._db.executemany(
+                    "INSERT INTO pending(agent_id, seq, received_ns, line_count, lines) VALUES (?, ?, ?, ?, ?)",
+                    [(agent, seq, now_ns, count, lines) for agent, _, seq, lines, count in appended if count],
+                )
+                latest: dict[str, tuple[str, int]] = {}
+                for agent, spool, seq, _, _ in appended:
+                    known = latest.get(agent)
+                    if known is None or known[0] != spool or known[1] < seq:
+                        latest[agent] = (spool, seq)
+                self._db.executemany(
+                    _UPSERT_AGENT, [(agent, spool, seq, now_ns) for agent, (spool, seq) in latest.items()]
+                )
+                quarantined = 0
+                for rows, refused in settled:
+                    self._db.executemany("DELETE FROM pending WHERE id = ?", [(r.id,) for r in rows])
+                    self._db.executemany(
+                        "INSERT INTO quarantine(quarantined_ns, status, reason, line) VALUES (?, ?, ?, ?)",
+                        [(now_ns, status, reason, line) for line, status, reason in refused],
+                    )
+                    quarantined += len(refused)
+                if quarantined:
+                    self._db.execute(
+                        "DELETE FROM quarantine WHERE id <= (SELECT max(id) FROM quarantine) - ?",
+                        (self.quarantine_max_lines,),
+                    )
+        except (sqlite3.Error, OSError) as exc:
+            log.error("WAL commit failed (%s); batches are not acknowledged: %s", self.path, exc)
+            error = WalError(f"WAL commit failed: {exc}")
+            self._failed = error
+        else:
+            for agent, (spool, seq) in latest.items():
+                known = self._agents.get(agent)
+                if known is None or known[0] != spool or known[1] < seq:
+                    self._agents[agent] = (spool, seq)
+            for _, _, _, lines, count in appended:
+                if count:
+                    self.depth_rows += 1
+                    self.depth_lines += count
+                    self.depth_bytes += len(lines)
+            for rows, _ in settled:
+                self.depth_rows -= len(rows)
+                self.depth_lines -= sum(r.line_count for r in rows)
+                self.depth_bytes -= sum(len(r.gzipped) for r in rows)
+            self.quarantined_lines += quarantined
+            if settled and self.depth_rows == 0:
+                self._vacuum()
+        if self.on_commit_seconds is not None:
+            self.on_commit_seconds(time.perf_counter() - started)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._resolve, group, error, bool(appended))
+
+    def _set_synchronous(self, level: str) -> None:
+        if level != self._synchronous:
+            self._db.execute(f"PRAGMA synchronous = {level}")
+            self._synchronous = level
+
+    def _vacuum(self) -> None:
+        try:
+            free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+            if free > _VACUUM_PAGES:
+                self._db.execute(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})").fetchall()
+        except sqlite3.Error as exc:  # only space is at stake
+            log.warning("WAL incremental vacuum failed: %s", exc)
+
+    def _resolve(self, group: list[_Op], error: BaseException | None, appended: bool) -> None:
+        for op in group:
+            if op.future is not None and not op.future.done():
+                if error is None:
+                    op.future.set_result(None)
+                else:
+                    op.future.set_exception(error)
+        if appended and error is None:
+            for callback in self._listeners:
+                callback()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level="DEFERRED", check_same_thread=False, timeout=30.0)
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # effective only before the first table exists
+    db.execute("PRAGMA journal_mode = WAL").fetchall()
+    db.execute("PRAGMA synchronous = FULL")
+    db.execute("PRAGMA journal_size_limit = 67108864")
+    return db
+
+
+class _LockFile:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _lock(path: Path) -> _LockFile:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise WalError(f"{path.parent} is in use by another collector process (lock {path.name} is held)") from None
+    return _LockFile(fd)
+
+
+_WAL_FILE = re.compile(r"collector-(\d+)\.sqlite")
+
+
+def merge_orphans(directory: Path, workers: int) -> int:
+    """Moves the pending and quarantined lines of ``collector-K.sqlite`` files with ``K >= workers``
+    (left by an earlier run with more workers) into worker ``K % workers``'s log; returns how many
+    files were merged. Run before the workers start."""
+    merged = 0
+    if not directory.is_dir():
+        return 0
+    for entry in sorted(directory.iterdir()):
+        match = _WAL_FILE.fullmatch(entry.name)
+        if match is None or int(match.group(1)) < workers:
+            continue
+        target = WriteAheadLog(wal_path(directory, int(match.group(1)) % workers))
+        lock = _lock(entry.with_suffix(".lock"))
+        try:
+            with target._db:
+                target._db.execute("ATTACH DATABASE ? AS orphan", (str(entry),))
+                target._db.execute(
+                    "INSERT INTO pending(agent_id, seq, received_ns, line_count, lines) "
+                    "SELECT agent_id, seq, received_ns, line_count, lines FROM orphan.pending ORDER BY id"
+                )
+                target._db.execute(
+                    "INSERT INTO quarantine(quarantined_ns, status, reason, line) "
+                    "SELECT quarantined_ns, status, reason, line FROM orphan.quarantine ORDER BY id"
+                )
+            target._db.execute("DETACH DATABASE orphan")
+        finally:
+            lock.close()
+            target.close()
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(str(entry) + suffix)
+        with contextlib.suppress(FileNotFoundError):
+            entry.with_suffix(".lock").unlink()
+        log.info("merged the WAL of a former worker, %s, into worker %d", entry.name, int(match.group(1)) % workers)
+        merged += 1
+    return merged

@@ -1,0 +1,410 @@
+"""One accepted probe on this node: trainers, progress, and the result.
+
+The agent starts one ``gpuprobe train --format jsonl`` process per selected GPU *at once* (they
+import torch and build their model while the probe is pending) with ``--start-at`` set to the
+probe's start time, so the idle baseline starts on every node at the same wall-clock moment. The
+trainers' JSON lines (phase changes, progress, result) give the node's progress, published about
+once a second; an NVML sampler reads power, temperature and the energy counter of each GPU every
+100 ms from acceptance to the end. The result combines both over the steady phase (the trainer
+reports its synchronized start and end): samples/s, energy from the counter, J/sample, mean and
+peak power, peak temperature, and the idle baseline's mean power.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuprobe.control.gpus import GpuReader, Reading, Sampler, energy_at
+from gpuprobe.trainer import catalog
+
+from gpuprobe.v1 import common_pb2, control_pb2
+
+log = logging.getLogger(__name__)
+
+PHASE_ENUM = {
+    "pending": common_pb2.PROBE_PHASE_PENDING,
+    "idle": common_pb2.PROBE_PHASE_IDLE_BASELINE,
+    "warmup": common_pb2.PROBE_PHASE_WARMUP,
+    "steady": common_pb2.PROBE_PHASE_STEADY,
+    "cooldown": common_pb2.PROBE_PHASE_COOLDOWN,
+    "done": common_pb2.PROBE_PHASE_DONE,
+}
+STATUS_ENUM = {
+    "running": common_pb2.PROBE_STATUS_RUNNING,
+    "succeeded": common_pb2.PROBE_STATUS_SUCCEEDED,
+    "failed": common_pb2.PROBE_STATUS_FAILED,
+    "cancelled": common_pb2.PROBE_STATUS_CANCELLED,
+}
+
+TRAINER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "gpuprobe", "train")
+STOP_GRACE_S = 10.0
+
+
+@dataclass
+class TrainerState:
+    """What one trainer process has reported."""
+
+    gpu: int | None
+    phase: str = "pending"
+    step: int = 0
+    samples_per_s: float | None = None
+    fraction_done: float = 0.0
+    result: dict[str, Any] | None = None
+    returncode: int | None = None
+    stderr_path: Path | None = None
+
+
+@dataclass
+class ProbePlan:
+    """An accepted ``ProbeStart`` as this node runs it."""
+
+    start: control_pb2.ProbeStart
+    gpu_indices: list[int]  # empty: one copy on the CPU (a node without GPUs)
+
+    @property
+    def probe_id(self) -> str:
+        return self.start.probe_id
+
+    @property
+    def size(self) -> str:
+        return "tiny" if self.start.size == control_pb2.WORKLOAD_SIZE_TINY else "full"
+
+    def phase_s(self, name: str) -> float:
+        defaults = {
+            "idle_baseline_s": catalog.DEFAULT_IDLE_BASELINE_S,
+            "warmup_s": catalog.DEFAULT_WARMUP_S,
+            "cooldown_s": catalog.DEFAULT_COOLDOWN_S,
+        }
+        return float(getattr(self.start, name)) if self.start.HasField(name) else defaults[name]
+
+    def planned_s(self) -> float:
+        return (
+            self.phase_s("idle_baseline_s")
+            + self.phase_s("warmup_s")
+            + self.start.duration_s
+            + self.phase_s("cooldown_s")
+        )
+
+    def trainer_args(self, gpu: int | None, agent_socket: Path | None) -> list[str]:
+        s = self.start
+        args = [
+            "--format", "jsonl",
+            "--workload", s.workload,
+            "--size", self.size,
+            "--duration", repr(s.duration_s),
+            "--device", "cpu" if gpu is None else f"cuda:{gpu}",
+            "--probe-id", s.probe_id,
+            "--start-at", str(s.start_at_unix_ns or time.time_ns()),
+            "--idle-baseline", repr(self.phase_s("idle_baseline_s")),
+            "--warmup", repr(self.phase_s("warmup_s")),
+            "--cooldown", repr(self.phase_s("cooldown_s")),
+            "--no-sweep",  # one batch size per probe, whatever the node's environment or config says
+        ]  # fmt: skip
+        if s.HasField("batch_size"):
+            args += ["--batch-size", str(s.batch_size)]
+        if agent_socket is not None:
+            args += ["--agent-socket", str(agent_socket)]
+        return args
+
+
+ProgressCallback = Callable[[control_pb2.ProbeProgress], None]
+
+
+@dataclass
+class ProbeRun:
+    """Runs one probe to its end; :meth:`run` returns the ``ProbeResult`` (it never raises)."""
+
+    plan: ProbePlan
+    host: str
+    gpus: GpuReader
+    work_dir: Path
+    on_progress: ProgressCallback
+    trainer_command: Sequence[str] = TRAINER_COMMAND
+    agent_socket: Path | None = None
+    sample_interval_s: float = 0.1
+    progress_interval_s: float = 1.0
+    accepted_unix_ns: int = field(default_factory=time.time_ns)
+
+    def __post_init__(self) -> None:
+        targets: list[int | None] = list(self.plan.gpu_indices) or [None]
+        self.trainers = [TrainerState(g) for g in targets]
+        self._procs: list[asyncio.subprocess.Process] = []
+        self._cancelled = asyncio.Event()
+        self._started_unix_ns = 0
+
+    @property
+    def probe_id(self) -> str:
+        return self.plan.probe_id
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    # --- progress -------------------------------------------------------------------------------------
+
+    def progress(self, status: str = "running") -> control_pb2.ProbeProgress:
+        order = list(PHASE_ENUM)
+        phase = min((t.phase for t in self.trainers), key=order.index)
+        msg = control_pb2.ProbeProgress(
+            probe_id=self.probe_id,
+            host=self.host,
+            time_unix_ns=time.time_ns(),
+            phase=PHASE_ENUM[phase],
+            status=STATUS_ENUM[status],
+            step=min(t.step for t in self.trainers),
+            started_unix_ns=self._started_unix_ns,
+            workload=self.plan.start.workload,
+        )
+        rates = [t.samples_per_s for t in self.trainers if t.samples_per_s is not None]
+        if rates and phase in ("warmup", "steady"):
+            msg.samples_per_s = sum(rates)
+        if status == "running":
+            msg.fraction_done = min(t.fraction_done for t in self.trainers)
+        else:
+            msg.fraction_done = 1.0
+        return msg
+
+    async def _publish_progress_every_second(self) -> None:
+        while True:
+            self.on_progress(self.progress())
+            await asyncio.sleep(self.progress_interval_s)
+
+    # --- the trainers ---------------------------------------------------------------------------------
+
+    async def _read_trainer(self, proc: asyncio.subprocess.Process, state: TrainerState) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                log.warning("probe %s: trainer printed a line that is not JSON: %r", self.probe_id, raw[:200])
+                continue
+            kind = event.get("type")
+            if kind == "phase":
+                state.phase = event["phase"]
+                if event["phase"] == "idle" and not self._started_unix_ns:
+                    self._started_unix_ns = event["time_unix_ns"]
+                log.info("probe %s gpu %s: phase %s", self.probe_id, state.gpu, event["phase"])
+                self.on_progress(self.progress())
+            elif kind == "progress":
+                state.step = int(event.get("step") or 0)
+                state.samples_per_s = event.get("samples_per_s")
+                state.fraction_done = float(event.get("fraction_done") or 0.0)
+            elif kind == "result":
+                state.result = event
+        state.returncode = await proc.wait()
+
+    async def _start_trainers(self) -> None:
+        env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", PYTHONUNBUFFERED="1")
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        for state in self.trainers:
+            args = [*self.trainer_command, *self.plan.trainer_args(state.gpu, self.agent_socket)]
+            state.stderr_path = self.work_dir / f"trainer-{'cpu' if state.gpu is None else f'gpu{state.gpu}'}.log"
+            with state.stderr_path.open("wb") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    *args,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=err,
+                    env=env,
+                    limit=1 << 20,  # a result line carries every phase and sweep point
+                )
+            log.info("probe %s: started trainer pid %d: %s", self.probe_id, proc.pid, " ".join(args))
+            self._procs.append(proc)
+
+    async def _stop_trainers(self) -> None:
+        for proc in self._procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in self._procs:
+            try:
+                await asyncio.wait_for(proc.wait(), max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                log.warning("probe %s: trainer pid %d ignored SIGTERM; killing it", self.probe_id, proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+
+    async def run(self) -> control_pb2.ProbeResult:
+        sampler = Sampler(self.gpus, self.plan.gpu_indices, self.sample_interval_s)
+        sampler.start()
+        ticker: asyncio.Task[None] | None = None
+        cancelled = False
+        try:
+            await self._start_trainers()
+            ticker = asyncio.create_task(self._publish_progress_every_second())
+            readers: asyncio.Future[Any] = asyncio.gather(
+                *(self._read_trainer(p, s) for p, s in zip(self._procs, self.trainers, strict=True))
+            )
+            wait_cancel: asyncio.Future[Any] = asyncio.create_task(self._cancelled.wait())
+            start_delay_s = max(0.0, (self.plan.start.start_at_unix_ns - time.time_ns()) / 1e9)
+            limit_s = start_delay_s + self.plan.planned_s() * 1.5 + 300
+            done, _ = await asyncio.wait({readers, wait_cancel}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+            if readers not in done:
+                cancelled = wait_cancel in done
+                if not cancelled:
+                    log.error("probe %s: the trainers overran the plan by far; stopping them", self.probe_id)
+                await self._stop_trainers()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(readers, 10)
+            wait_cancel.cancel()
+        except Exception as e:
+            log.exception("probe %s failed to run", self.probe_id)
+            await self._stop_trainers()
+            return self._result(status="failed", message=f"{type(e).__name__}: {e}", readings={})
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+            await asyncio.to_thread(sampler.stop)
+        return self._result(status="cancelled" if cancelled else None, message="", readings=sampler.readings)
+
+    # --- the result -----------------------------------------------------------------------------------
+
+    def _trainer_failure(self, state: TrainerState) -> str:
+        tail = ""
+        if state.stderr_path is not None:
+            with contextlib.suppress(OSError):
+                lines = state.stderr_path.read_text(errors="replace").strip().splitlines()
+                tail = " | ".join(lines[-3:])
+        where = "cpu" if state.gpu is None else f"gpu {state.gpu}"
+        return f"trainer on {where} exited with status {state.returncode} without a result" + (
+            f": {tail}" if tail else ""
+        )
+
+    def _result(self, status: str | None, message: str, readings: dict[int, list[Reading]]) -> control_pb2.ProbeResult:
+        statuses = []
+        messages = [message] if message else []
+        for state in self.trainers:
+            if state.result is None:
+                statuses.append("failed")
+                messages.append(self._trainer_failure(state))
+            else:
+                statuses.append(state.result["status"])
+                if state.result.get("message"):
+                    messages.append(state.result["message"])
+        if status is None:
+            status = next((s for s in ("failed", "cancelled") if s in statuses), "succeeded")
+        result = control_pb2.ProbeResult(
+            probe_id=self.probe_id,
+            host=self.host,
+            status=STATUS_ENUM[status],
+            message="; ".join(dict.fromkeys(messages))[:4096],
+            workload=self.plan.start.workload,
+            size=control_pb2.WORKLOAD_SIZE_TINY if self.plan.size == "tiny" else control_pb2.WORKLOAD_SIZE_FULL,
+            ended_unix_ns=time.time_ns(),
+        )
+        results = [s.result for s in self.trainers if s.result is not None]
+        starts = [r["started_unix_ns"] for r in results if r.get("started_unix_ns")]
+        result.started_unix_ns = min(starts) if starts else 0
+        points = [(s, s.result["points"][0]) for s in self.trainers if s.result and s.result.get("points")]
+        if points:
+            result.batch_size = int(points[0][1]["batch_size"])
+            steady = [p for _, p in points if p["steady_end_unix_ns"]]
+            if steady:
+                result.steady_start_unix_ns = min(p["steady_start_unix_ns"] for p in steady)
+                result.steady_end_unix_ns = max(p["steady_end_unix_ns"] for p in steady)
+        elif self.plan.start.HasField("batch_size"):
+            result.batch_size = self.plan.start.batch_size
+        per_gpu: list[control_pb2.ProbeMetrics] = []
+        for state, point in points:
+            phases = state.result["phases"] if state.result else []
+            metrics = _metrics(point, phases, readings.get(state.gpu, []) if state.gpu is not None else [])
+            if state.gpu is not None:
+                metrics.gpu_index = state.gpu
+                uuid = self._uuid(state.gpu)
+                if uuid:
+                    metrics.gpu_uuid = uuid
+            per_gpu.append(metrics)
+        result.gpus.extend(m for m in per_gpu if m.HasField("gpu_index"))
+        result.total.CopyFrom(_total(per_gpu, readings, result.steady_start_unix_ns, result.steady_end_unix_ns))
+        return result
+
+    def _uuid(self, gpu: int) -> str:
+        infos = self.gpus.infos()
+        return infos[gpu].uuid if gpu < len(infos) else ""
+
+
+def _window(readings: list[Reading], start_ns: int, end_ns: int) -> list[Reading]:
+    return [r for r in readings if start_ns <= r.time_unix_ns <= end_ns]
+
+
+def _mean_power(readings: list[Reading], start_ns: int, end_ns: int) -> tuple[float | None, float | None]:
+    """(energy in J, mean power in W) over [start, end] from the counter, else from power readings."""
+    seconds = (end_ns - start_ns) / 1e9
+    if seconds <= 0:
+        return None, None
+    e0, e1 = energy_at(readings, start_ns), energy_at(readings, end_ns)
+    if e0 is not None and e1 is not None and e1 >= e0:
+        return e1 - e0, (e1 - e0) / seconds
+    powers = [r.power_w for r in _window(readings, start_ns, end_ns) if r.power_w is not None]
+    return None, (sum(powers) / len(powers) if powers else None)
+
+
+def _metrics(point: dict[str, Any], phases: list[dict[str, Any]], readings: list[Reading]) -> control_pb2.ProbeMetrics:
+    m = control_pb2.ProbeMetrics()
+    if point.get("samples_per_s") is not None:
+        m.samples_per_s = float(point["samples_per_s"])
+    m.samples = int(point.get("samples") or 0)
+    start, end = int(point.get("steady_start_unix_ns") or 0), int(point.get("steady_end_unix_ns") or 0)
+    if readings and end > start:
+        energy, mean_power = _mean_power(readings, start, end)
+        if energy is not None:
+            m.energy_j = energy
+            if m.samples:
+                m.j_per_sample = energy / m.samples
+        if mean_power is not None:
+            m.mean_power_w = mean_power
+        inside = _window(readings, start, end)
+        powers = [r.power_w for r in inside if r.power_w is not None]
+        temps = [r.temp_c for r in inside if r.temp_c is not None]
+        if powers:
+            m.peak_power_w = max(powers)
+        if temps:
+            m.peak_temp_c = max(temps)
+    idle = next((p for p in phases if p["phase"] == "idle" and p["end_unix_ns"] > p["start_unix_ns"]), None)
+    if readings and idle is not None:
+        _, idle_power = _mean_power(readings, idle["start_unix_ns"], idle["end_unix_ns"])
+        if idle_power is not None:
+            m.idle_power_w = idle_power
+    return m
+
+
+def _total(
+    per_gpu: list[control_pb2.ProbeMetrics], readings: dict[int, list[Reading]], start_ns: int, end_ns: int
+) -> control_pb2.ProbeMetrics:
+    total = control_pb2.ProbeMetrics()
+    if not per_gpu:
+        return total
+    total.samples = sum(m.samples for m in per_gpu)
+
+    def summed(name: str) -> None:
+        if all(m.HasField(name) for m in per_gpu):
+            setattr(total, name, sum(getattr(m, name) for m in per_gpu))
+
+    for name in ("samples_per_s", "energy_j", "mean_power_w", "idle_power_w"):
+        summed(name)
+    if total.HasField("energy_j") and total.samples:
+        total.j_per_sample = total.energy_j / total.samples
+    temps = [m.peak_temp_c for m in per_gpu if m.HasField("peak_temp_c")]
+    if temps:
+        total.peak_temp_c = max(temps)
+    # the peak of the node's summed power: the sampler reads every GPU in the same pass
+    series = [_window(r, start_ns, end_ns) for r in readings.values()]
+    if series and all(series):
+        n = min(len(s) for s in series)
+        sums = [sum(s[i].power_w or 0.0 for s in series) for i in range(n)]
+        if sums and all(r.power_w is not None for s in series for r in s[:n]):
+            total.peak_power_w = max(sums)
+    return total

@@ -1,0 +1,287 @@
+"""What a model run reads from InfluxDB: the window (a probe and its phases, or a time range) and the
+series of the ``gpu``, ``acoustic`` and ``trainer`` measurements in it (storage schema, DESIGN.md).
+
+A probe's window and phases come from the ``probe`` measurement (one point per phase change and
+host: fields ``phase``, ``kind``, ``status``, ``workload``), or, where there are none, from the
+``phase`` string of the ``trainer`` measurement. Several trainers on one node report the same phase
+change at slightly different times; the earliest counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from gpuprobe.model.influx import InfluxClient, Series, quote_ident, quote_string
+
+GPU_FIELDS = (
+    "temp_c",
+    "power_w",
+    "power_instant_w",
+    "energy_j",
+    "clock_event_reasons",
+    "power_limit_w",
+    "util_pct",
+    "fan_pct",
+)
+
+
+class NoDataError(LookupError):
+    """The probe or time range has no data (the message says what was looked for)."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class Window:
+    """What is analysed: a probe (with per-host phases) or a plain time range."""
+
+    label: str  # the probe id, or range-<start>-<end> (the `probe` tag of written `model` points)
+    probe: str | None
+    start_ns: int
+    end_ns: int
+    hosts: list[str]
+    phases: dict[str, list[Phase]] = field(default_factory=dict)
+    workload: str | None = None
+    status: str | None = None
+
+    def intervals(self, host: str, name: str) -> list[tuple[int, int]]:
+        return [(p.start_ns, p.end_ns) for p in self.phases.get(host, []) if p.name == name]
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass
+class GpuSeries:
+    host: str
+    gpu: str
+    model: str
+    uuid: str
+    t_ns: np.ndarray
+    values: dict[str, np.ndarray]  # GPU_FIELDS as float arrays, NaN where absent
+
+    def field(self, name: str) -> np.ndarray:
+        return self.values[name]
+
+    def inside(self, start_ns: int, end_ns: int) -> GpuSeries:
+        """The samples within [start, end]."""
+        keep = (self.t_ns >= start_ns) & (self.t_ns <= end_ns)
+        return GpuSeries(
+            self.host, self.gpu, self.model, self.uuid, self.t_ns[keep], {k: v[keep] for k, v in self.values.items()}
+        )
+
+    def has(self, name: str, fraction: float = 0.5) -> bool:
+        v = self.values[name]
+        return len(v) > 0 and float(np.mean(np.isfinite(v))) >= fraction
+
+    def power(self) -> tuple[np.ndarray, bool]:
+        """The power to model with, and whether it is NVML's 1 s average (``power_w``).
+
+        ``power_instant_w`` (field 186) where the agent stored it: the RC model and the energy
+        integral want the instantaneous power. Otherwise ``power_w``, which is a 1 s average on
+        Ampere (not GA100) and newer, so fits skip its first second after a step.
+        """
+        if self.has("power_instant_w"):
+            return self.values["power_instant_w"], False
+        return self.values["power_w"], True
+
+
+@dataclass
+class AcousticSeries:
+    host: str
+    gpu: str  # "" for the node level
+    source: str  # "proxy" or "mic"
+    t_ns: np.ndarray
+    est_dba: np.ndarray
+    laeq_db: np.ndarray
+
+
+@dataclass
+class TrainerSeries:
+    host: str
+    gpu: str
+    workload: str
+    t_ns: np.ndarray
+    samples_per_s: np.ndarray
+    phase: list[str]
+
+
+@dataclass
+class Dataset:
+    window: Window
+    gpus: list[GpuSeries]
+    acoustic: list[AcousticSeries]
+    trainer: list[TrainerSeries]
+
+
+def _host_filter(hosts: Sequence[str]) -> str:
+    if not hosts:
+        return ""
+    return " AND (" + " OR ".join(f'"host" = {quote_string(h)}' for h in hosts) + ")"
+
+
+def _time_filter(start_ns: int, end_ns: int) -> str:
+    return f"time >= {int(start_ns)} AND time <= {int(end_ns)}"
+
+
+def _floats(series: Series, name: str) -> np.ndarray:
+    return np.array([math.nan if v is None or isinstance(v, str | bool) else float(v) for v in series.column(name)])
+
+
+def _phases_from_points(points: list[tuple[int, str]], end_ns: int) -> list[Phase]:
+    points.sort()
+    collapsed: list[tuple[int, str]] = []
+    for t, name in points:
+        if collapsed and collapsed[-1][1] == name:
+            continue
+        collapsed.append((t, name))
+    phases = []
+    for i, (t, name) in enumerate(collapsed):
+        if name in ("done", "pending", ""):
+            continue
+        stop = collapsed[i + 1][0] if i + 1 < len(collapsed) else end_ns
+        phases.append(Phase(name, t, stop))
+    return phases
+
+
+def find_probe(client: InfluxClient, probe: str, hosts: Sequence[str] = ()) -> Window:
+    """The probe's window and per-host phases (``probe`` points, else ``trainer`` phases)."""
+    where = f'"probe" = {quote_string(probe)}' + _host_filter(hosts)
+    answer = client.query(f'SELECT "phase", "kind", "status", "workload" FROM "probe" WHERE {where} GROUP BY "host"')
+    per_host: dict[str, list[tuple[int, str]]] = {}
+    workload = status = None
+    times: list[int] = []
+    for s in answer:
+        host = s.tags.get("host", "")
+        for t, phase, _kind, st, wl in zip(
+            s.column("time"), s.column("phase"), s.column("kind"), s.column("status"), s.column("workload"), strict=True
+        ):
+            times.append(int(t))
+            per_host.setdefault(host, []).append((int(t), str(phase or "")))
+            workload = workload or wl
+            status = st or status
+    source = "probe"
+    if not per_host:
+        answer = client.query(
+            f'SELECT "phase", "samples_per_s" FROM "trainer" WHERE {where} GROUP BY "host", "workload"'
+        )
+        for s in answer:
+            host = s.tags.get("host", "")
+            workload = workload or s.tags.get("workload")
+            for t, phase in zip(s.column("time"), s.column("phase"), strict=True):
+                times.append(int(t))
+                per_host.setdefault(host, []).append((int(t), str(phase or "")))
+        source = "trainer"
+    if not per_host:
+        raise NoDataError(f"no probe {probe!r} in database {client.settings.db!r} (no `probe` or `trainer` points)")
+    start, end = min(times), max(times)
+    trainer_end = client.query(f'SELECT last("step") FROM "trainer" WHERE {where}')
+    for s in trainer_end:
+        end = max([end, *(int(t) for t in s.column("time"))])
+    phases: dict[str, list[Phase]] = {}
+    for host, points in per_host.items():
+        if source == "trainer":
+            # trainer points are progress reports: a phase starts at its first report
+            points = sorted(points)
+        phases[host] = _phases_from_points(points, end)
+    return Window(
+        label=probe,
+        probe=probe,
+        start_ns=start,
+        end_ns=end,
+        hosts=sorted(per_host),
+        phases=phases,
+        workload=str(workload) if workload else None,
+        status=str(status) if status else None,
+    )
+
+
+def range_window(client: InfluxClient, start_ns: int, end_ns: int, hosts: Sequence[str] = ()) -> Window:
+    """A plain time range: hosts are those with ``gpu`` points in it (or ``hosts``)."""
+    if end_ns <= start_ns:
+        raise NoDataError("--to must be after --from")
+    answer = client.query(
+        f'SELECT count("temp_c") FROM "gpu" WHERE {_time_filter(start_ns, end_ns)}{_host_filter(hosts)} GROUP BY "host"'
+    )
+    found = sorted({s.tags.get("host", "") for s in answer if s.values})
+    if not found:
+        raise NoDataError(f"no `gpu` points between {start_ns} and {end_ns} ns in database {client.settings.db!r}")
+    label = f"range-{start_ns // 10**9}-{end_ns // 10**9}"
+    return Window(label=label, probe=None, start_ns=start_ns, end_ns=end_ns, hosts=found)
+
+
+EDGE_MARGIN_NS = 10 * 10**9
+
+
+def load(client: InfluxClient, window: Window) -> Dataset:
+    """Every series the models need, for the window's hosts.
+
+    GPU series reach ``EDGE_MARGIN_NS`` beyond the window on both sides, so the energy counter can be
+    interpolated exactly at the window's edges; :meth:`GpuSeries.inside` cuts them to the window.
+    """
+    where = _time_filter(window.start_ns, window.end_ns) + _host_filter(window.hosts)
+    wide = _time_filter(window.start_ns - EDGE_MARGIN_NS, window.end_ns + EDGE_MARGIN_NS) + _host_filter(window.hosts)
+    fields = ", ".join(quote_ident(f) for f in GPU_FIELDS)
+    gpus = []
+    for s in client.query(f'SELECT {fields} FROM "gpu" WHERE {wide} GROUP BY "host", "gpu", "model", "uuid"'):
+        t = np.array(s.column("time"), dtype=np.int64)
+        order = np.argsort(t, kind="stable")
+        values = {f: _floats(s, f)[order] for f in GPU_FIELDS}
+        gpus.append(
+            GpuSeries(
+                host=s.tags.get("host", ""),
+                gpu=s.tags.get("gpu", ""),
+                model=s.tags.get("model", ""),
+                uuid=s.tags.get("uuid", ""),
+                t_ns=t[order],
+                values=values,
+            )
+        )
+    if not gpus:
+        raise NoDataError(f"no `gpu` points for {window.label} (hosts {', '.join(window.hosts) or 'any'})")
+    gpus.sort(key=lambda g: (g.host, _index_key(g.gpu)))
+    acoustic = []
+    for s in client.query(
+        f'SELECT "est_dba", "laeq_db" FROM "acoustic" WHERE {where} GROUP BY "host", "gpu", "source"'
+    ):
+        t = np.array(s.column("time"), dtype=np.int64)
+        acoustic.append(
+            AcousticSeries(
+                host=s.tags.get("host", ""),
+                gpu=s.tags.get("gpu", ""),
+                source=s.tags.get("source", ""),
+                t_ns=t,
+                est_dba=_floats(s, "est_dba"),
+                laeq_db=_floats(s, "laeq_db"),
+            )
+        )
+    trainer = []
+    probe_filter = "" if window.probe is None else f'"probe" = {quote_string(window.probe)} AND '
+    trainer_where = probe_filter + where
+    for s in client.query(
+        f'SELECT "samples_per_s", "phase" FROM "trainer" WHERE {trainer_where} GROUP BY "host", "gpu", "workload"'
+    ):
+        trainer.append(
+            TrainerSeries(
+                host=s.tags.get("host", ""),
+                gpu=s.tags.get("gpu", ""),
+                workload=s.tags.get("workload", ""),
+                t_ns=np.array(s.column("time"), dtype=np.int64),
+                samples_per_s=_floats(s, "samples_per_s"),
+                phase=[str(p or "") for p in s.column("phase")],
+            )
+        )
+    return Dataset(window=window, gpus=gpus, acoustic=acoustic, trainer=trainer)
+
+
+def _index_key(gpu: str) -> tuple[int, str]:
+    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)

@@ -1,0 +1,1000 @@
+"""The Grafana dashboards of ``deploy/grafana/dashboards/``, generated here so they stay consistent.
+
+``python -m gpuprobe.model.grafana [--out DIR]`` writes them (default: the repository's
+``deploy/grafana/dashboards``); a test fails when the committed files differ from what this module
+generates, and another runs every panel's query against a real InfluxDB (docs/dashboards.md).
+
+Conventions every query follows (the tests rely on them):
+
+- raw InfluxQL (``rawQuery``), the data source ``gpuprobe-influxdb`` (provisioned by
+  ``deploy/grafana/provisioning/datasources/gpuprobe.yaml``);
+- a template variable only ever appears as ``/^$name$/`` (Grafana writes a regex of the chosen
+  values there, escaped), and every query has ``$timeFilter``;
+- ``$__interval`` for the GROUP BY time of time series; subqueries repeat ``$timeFilter`` outside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DATASOURCE = {"type": "influxdb", "uid": "gpuprobe-influxdb"}
+SCHEMA_VERSION = 39
+HOST = '"host" =~ /^$host$/'
+GPU = '"gpu" =~ /^$gpu$/'
+PROBE = '"probe" =~ /^$probe$/'
+TF = "$timeFilter"
+BY_TIME = "GROUP BY time($__interval)"
+THERMAL_BITS = 0x20 | 0x40  # SW thermal, HW thermal (nvmlClocksEventReasons; docs/schema.md: & 96)
+POWER_BITS = 0x04 | 0x80  # SW power cap, HW power brake
+
+
+def target(query: str, ref: str = "A", fmt: str = "time_series", alias: str = "") -> dict[str, Any]:
+    t: dict[str, Any] = {
+        "refId": ref,
+        "datasource": DATASOURCE,
+        "query": query,
+        "rawQuery": True,
+        "resultFormat": fmt,
+    }
+    if alias:
+        t["alias"] = alias
+    return t
+
+
+class Layout:
+    """Places panels left to right, 24 columns wide, wrapping into new rows."""
+
+    def __init__(self) -> None:
+        self.x = self.y = self.row_h = 0
+        self.next_id = 1
+
+    def place(self, w: int, h: int) -> dict[str, int]:
+        if self.x + w > 24:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        pos = {"x": self.x, "y": self.y, "w": w, "h": h}
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return pos
+
+    def panel(
+        self,
+        title: str,
+        kind: str,
+        targets: list[dict[str, Any]],
+        *,
+        w: int = 12,
+        h: int = 8,
+        unit: str = "",
+        description: str = "",
+        decimals: int | None = None,
+    ) -> dict[str, Any]:
+        defaults: dict[str, Any] = {}
+        if unit:
+            defaults["unit"] = unit
+        if decimals is not None:
+            defaults["decimals"] = decimals
+        p: dict[str, Any] = {
+            "id": self.next_id,
+            "type": kind,
+            "title": title,
+            "datasource": DATASOURCE,
+            "gridPos": self.place(w, h),
+            "targets": targets,
+            "fieldConfig": {"defaults": defaults, "overrides": []},
+            "options": {},
+        }
+        if description:
+            p["description"] = description
+        if kind == "timeseries":
+            p["options"] = {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}
+        elif kind == "stat":
+            p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+        elif kind == "bargauge":
+            p["options"] = {
+                "orientation": "horizontal",
+                "displayMode": "basic",
+                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            }
+        self.next_id += 1
+        return p
+
+    def text(self, title: str, content: str, *, w: int = 24, h: int = 6) -> dict[str, Any]:
+        p = {
+            "id": self.next_id,
+            "type": "text",
+            "title": title,
+            "gridPos": self.place(w, h),
+            "options": {"mode": "markdown", "content": content},
+        }
+        self.next_id += 1
+        return p
+
+
+def variable(name: str, query: str, label: str, *, multi: bool = True) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": query,
+        "definition": query,
+        "refresh": 2,  # on time range change
+        "multi": multi,
+        "includeAll": multi,
+        "sort": 3,  # numerically ascending
+        "regex": "",
+        "current": {},
+        "options": [],
+        "hide": 0,
+    }
+
+
+HOST_VAR = variable("host", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "host"', "host")
+ONE_HOST_VAR = variable("host", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "host"', "host", multi=False)
+GPU_VAR = variable("gpu", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "gpu" WHERE "host" =~ /^$host$/', "gpu")
+PROBE_VAR = variable("probe", 'SHOW TAG VALUES FROM "probe" WITH KEY = "probe"', "probe", multi=False)
+
+PHASE_ANNOTATION = {
+    "name": "probe phases",
+    "datasource": DATASOURCE,
+    "enable": True,
+    "iconColor": "#8ab8ff",
+    "query": 'SELECT "phase", "kind", "host" FROM "probe" WHERE $timeFilter',
+    "textColumn": "phase",
+    "tagsColumn": "host",
+}
+
+
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    panels: list[dict[str, Any]],
+    variables: list[dict[str, Any]],
+    time_from: str = "now-1h",
+) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["gpuprobe"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "refresh": "10s",
+        "time": {"from": time_from, "to": "now"},
+        "templating": {"list": variables},
+        "annotations": {"list": [PHASE_ANNOTATION]},
+        "links": [{"type": "dashboards", "tags": ["gpuprobe"], "asDropdown": True, "title": "gpuprobe"}],
+        "panels": panels,
+    }
+
+
+def _sum_of_gpus(field: str, where: str, by: str = "") -> str:
+    """A fleet or node total: the per-GPU means summed per interval (subquery)."""
+    group = f', "{by}"' if by else ""
+    return (
+        f'SELECT sum("mean") FROM (SELECT mean("{field}") FROM "gpu" WHERE {where} AND {TF} '
+        f'{BY_TIME}, "host", "gpu") WHERE {TF} {BY_TIME}{group} fill(none)'
+    )
+
+
+def fleet() -> dict[str, Any]:
+    lay = Layout()
+    where = f"{HOST} AND {TF}"
+    panels = [
+        lay.panel(
+            "GPUs reporting",
+            "stat",
+            [
+                target(
+                    f'SELECT count("last") FROM (SELECT last("power_w") FROM "gpu" WHERE {where} GROUP BY "host", '
+                    '"gpu") '
+                    f"WHERE {TF}"
+                )
+            ],
+            w=4,
+            h=4,
+            description="GPUs with at least one sample in the time range",
+        ),
+        lay.panel(
+            "Fleet power now",
+            "stat",
+            [
+                target(
+                    f'SELECT sum("last") FROM (SELECT last("power_w") FROM "gpu" WHERE {where} GROUP BY "host", "gpu") '
+                    f"WHERE {TF}"
+                )
+            ],
+            w=5,
+            h=4,
+            unit="watt",
+        ),
+        lay.panel(
+            "Energy in the range (NVML counters)",
+            "stat",
+            [
+                target(
+                    f'SELECT sum("spread") FROM (SELECT spread("energy_j") FROM "gpu" WHERE {where} GROUP BY "host", '
+                    '"gpu") '
+                    f"WHERE {TF}"
+                )
+            ],
+            w=5,
+            h=4,
+            unit="joule",
+            description="Sum over GPUs of (last - first) energy counter; a counter reset makes it too low",
+        ),
+        lay.panel(
+            "Hottest GPU", "stat", [target(f'SELECT max("temp_c") FROM "gpu" WHERE {where}')], w=5, h=4, unit="celsius"
+        ),
+        lay.panel(
+            "Loudest node (proxy estimate)",
+            "stat",
+            [target(f'SELECT max("est_dba") FROM "acoustic" WHERE "source" = \'proxy\' AND "gpu" = \'\' AND {where}')],
+            w=5,
+            h=4,
+            unit="dBA",
+            decimals=1,
+        ),
+        lay.panel("Fleet power", "timeseries", [target(_sum_of_gpus("power_w", HOST), alias="fleet")], unit="watt"),
+        lay.panel(
+            "Power per node",
+            "timeseries",
+            [target(_sum_of_gpus("power_w", HOST, "host"), alias="$tag_host")],
+            unit="watt",
+        ),
+        lay.panel(
+            "Hottest GPU per node",
+            "timeseries",
+            [target(f'SELECT max("temp_c") FROM "gpu" WHERE {where} {BY_TIME}, "host" fill(null)', alias="$tag_host")],
+            unit="celsius",
+        ),
+        lay.panel(
+            "Mean GPU utilization per node",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("util_pct") FROM "gpu" WHERE {where} {BY_TIME}, "host" fill(null)', alias="$tag_host"
+                )
+            ],
+            unit="percent",
+        ),
+        lay.panel(
+            "Acoustic level per node (proxy estimate)",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("est_dba") FROM "acoustic" WHERE "source" = \'proxy\' AND "gpu" = \'\' AND {where} '
+                    f'{BY_TIME}, "host" fill(null)',
+                    alias="$tag_host",
+                )
+            ],
+            unit="dBA",
+        ),
+        lay.panel(
+            "GPU samples with thermal slowdown or power cap",
+            "timeseries",
+            [
+                target(
+                    f'SELECT count("power_w") FROM "gpu" WHERE "clock_event_reasons" & {THERMAL_BITS} > 0 AND {where} '
+                    f'{BY_TIME}, "host" fill(0)',
+                    "A",
+                    alias="thermal $tag_host",
+                ),
+                target(
+                    f'SELECT count("power_w") FROM "gpu" WHERE "clock_event_reasons" & {POWER_BITS} > 0 AND {where} '
+                    f'{BY_TIME}, "host" fill(0)',
+                    "B",
+                    alias="power cap $tag_host",
+                ),
+            ],
+            description="Samples per interval whose clock-event reasons carry a thermal (0x60) or power (0x84) bit",
+        ),
+        lay.panel(
+            "GPUs now",
+            "table",
+            [
+                target(
+                    f'SELECT last("temp_c") AS "temp °C", last("power_w") AS "power W", last("util_pct") AS "util %", '
+                    f'last("clock_event_reasons") AS "reasons" FROM "gpu" WHERE {where} GROUP BY "host", "gpu", '
+                    '"model"',
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=9,
+        ),
+        lay.panel(
+            "Latest thermal fits (gpuprobe model)",
+            "table",
+            [
+                target(
+                    'SELECT last("r_th_c_per_w") AS "R_th °C/W", last("tau_s") AS "τ s", last("t_amb_c") AS "T_amb '
+                    '°C", '
+                    f'last("headroom_c") AS "headroom °C", last("outlier") AS "hotter" FROM "model" '
+                    f'WHERE "kind" = \'thermal\' AND "gpu" != \'\' AND {where} GROUP BY "probe", "host", "gpu"',
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=9,
+        ),
+    ]
+    return dashboard(
+        "gpuprobe-fleet",
+        "gpuprobe / Fleet overview",
+        "Every node at a glance: power, energy, temperature, utilization, acoustics, throttling.",
+        panels,
+        [HOST_VAR],
+    )
+
+
+def node() -> dict[str, Any]:
+    lay = Layout()
+    where = f"{HOST} AND {TF}"
+
+    def per_gpu(title: str, field: str, unit: str, agg: str = "mean") -> dict[str, Any]:
+        return lay.panel(
+            title,
+            "timeseries",
+            [
+                target(
+                    f'SELECT {agg}("{field}") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    alias="GPU $tag_gpu",
+                )
+            ],
+            unit=unit,
+        )
+
+    panels = [
+        per_gpu("GPU temperature", "temp_c", "celsius"),
+        per_gpu("Memory temperature", "mem_temp_c", "celsius"),
+        per_gpu("Power (NVML power usage)", "power_w", "watt"),
+        per_gpu("Instantaneous power (field 186)", "power_instant_w", "watt"),
+        per_gpu("Utilization", "util_pct", "percent"),
+        per_gpu("SM clock", "sm_clock_mhz", "MHz"),
+        per_gpu("Memory used", "mem_used_bytes", "bytes"),
+        per_gpu("Fan (GPUs with their own fans)", "fan_pct", "percent"),
+        lay.panel(
+            "PCIe throughput",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("pcie_rx_bytes_per_s") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    "A",
+                    alias="rx GPU $tag_gpu",
+                ),
+                target(
+                    f'SELECT mean("pcie_tx_bytes_per_s") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    "B",
+                    alias="tx GPU $tag_gpu",
+                ),
+            ],
+            unit="Bps",
+        ),
+        lay.panel(
+            "Energy per interval (NVML counter)",
+            "timeseries",
+            [
+                target(
+                    f'SELECT non_negative_difference(last("energy_j")) FROM "gpu" WHERE {where} {BY_TIME}, "gpu"',
+                    alias="GPU $tag_gpu",
+                )
+            ],
+            unit="joule",
+        ),
+        lay.panel(
+            "Clock-event reasons (bitmask, max per interval)",
+            "timeseries",
+            [
+                target(
+                    f'SELECT max("clock_event_reasons") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    alias="GPU $tag_gpu",
+                )
+            ],
+            description="0x1 idle, 0x4 SW power cap, 0x8 HW slowdown, 0x20 SW thermal, "
+            "0x40 HW thermal, 0x80 power brake",
+        ),
+        lay.panel(
+            "Host CPU and load",
+            "timeseries",
+            [
+                target(f'SELECT mean("cpu_pct") FROM "node" WHERE {where} {BY_TIME} fill(null)', "A", alias="cpu %"),
+                target(f'SELECT mean("load1") FROM "node" WHERE {where} {BY_TIME} fill(null)', "B", alias="load1"),
+            ],
+        ),
+        lay.panel(
+            "Host memory used",
+            "timeseries",
+            [target(f'SELECT mean("mem_used_bytes") FROM "node" WHERE {where} {BY_TIME} fill(null)', alias="used")],
+            unit="bytes",
+        ),
+        lay.panel(
+            "Host hwmon temperatures",
+            "timeseries",
+            [target(f'SELECT mean(/^hwmon_.*_c$/) FROM "node" WHERE {where} {BY_TIME} fill(null)')],
+            unit="celsius",
+        ),
+        lay.panel(
+            "Acoustic level (proxy estimates; microphone where present)",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("est_dba") FROM "acoustic" WHERE "source" = \'proxy\' AND {where} '
+                    f'{BY_TIME}, "gpu" fill(null)',
+                    "A",
+                    alias="proxy GPU $tag_gpu",
+                ),
+                target(
+                    f'SELECT mean("laeq_db") FROM "acoustic" WHERE "source" = \'mic\' AND {where} {BY_TIME} fill(null)',
+                    "B",
+                    alias="microphone LAeq",
+                ),
+            ],
+            w=24,
+            unit="dBA",
+            description="The proxy series without a GPU number is the node's estimate",
+        ),
+    ]
+    return dashboard(
+        "gpuprobe-node",
+        "gpuprobe / Node detail",
+        "One node: every GPU's telemetry, the host and its acoustics.",
+        panels,
+        [ONE_HOST_VAR],
+    )
+
+
+def gpu_thermal() -> dict[str, Any]:
+    lay = Layout()
+    where = f"{HOST} AND {GPU} AND {TF}"
+    model_where = f"\"kind\" = 'thermal' AND {HOST} AND {GPU} AND {TF}"
+    panels = [
+        lay.panel(
+            "GPU and memory temperature",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("temp_c") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    "A",
+                    alias="GPU $tag_gpu",
+                ),
+                target(
+                    f'SELECT mean("mem_temp_c") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    "B",
+                    alias="memory $tag_gpu",
+                ),
+            ],
+            w=24,
+            unit="celsius",
+        ),
+        lay.panel(
+            "Power driving the temperature",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("power_instant_w") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    alias="GPU $tag_gpu",
+                )
+            ],
+            unit="watt",
+        ),
+        lay.panel(
+            "SM clock",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("sm_clock_mhz") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    alias="GPU $tag_gpu",
+                )
+            ],
+            unit="MHz",
+        ),
+        lay.panel(
+            "Thermal slowdown and power cap (samples per interval)",
+            "timeseries",
+            [
+                target(
+                    f'SELECT count("temp_c") FROM "gpu" WHERE "clock_event_reasons" & {THERMAL_BITS} > 0 AND {where} '
+                    f'{BY_TIME}, "gpu" fill(0)',
+                    "A",
+                    alias="thermal GPU $tag_gpu",
+                ),
+                target(
+                    f'SELECT count("temp_c") FROM "gpu" WHERE "clock_event_reasons" & {POWER_BITS} > 0 AND {where} '
+                    f'{BY_TIME}, "gpu" fill(0)',
+                    "B",
+                    alias="power cap GPU $tag_gpu",
+                ),
+            ],
+        ),
+        lay.panel(
+            "Fan",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("fan_pct") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)', alias="GPU $tag_gpu"
+                )
+            ],
+            unit="percent",
+            description="Empty for passively cooled GPUs (NVML: not supported)",
+        ),
+        lay.panel(
+            "Headroom to the slowdown threshold (latest fit)",
+            "stat",
+            [
+                target(
+                    f'SELECT last("headroom_c") FROM "model" WHERE {model_where} GROUP BY "gpu"', alias="GPU $tag_gpu"
+                )
+            ],
+            w=8,
+            unit="celsius",
+            description="slowdown threshold - predicted steady temperature at the power limit",
+        ),
+        lay.panel(
+            "Predicted steady temperature at the power limit",
+            "stat",
+            [
+                target(
+                    f'SELECT last("t_pred_at_limit_c") FROM "model" WHERE {model_where} GROUP BY "gpu"',
+                    alias="GPU $tag_gpu",
+                )
+            ],
+            w=8,
+            unit="celsius",
+        ),
+        lay.panel(
+            "Time throttled in the last probe",
+            "stat",
+            [
+                target(
+                    f'SELECT last("thermal_throttled_s") FROM "model" WHERE {model_where} GROUP BY "gpu"',
+                    "A",
+                    alias="thermal GPU $tag_gpu",
+                ),
+                target(
+                    f'SELECT last("power_capped_s") FROM "model" WHERE {model_where} GROUP BY "gpu"',
+                    "B",
+                    alias="power cap GPU $tag_gpu",
+                ),
+            ],
+            w=8,
+            unit="s",
+        ),
+        lay.panel(
+            "Fitted RC parameters per probe (gpuprobe model)",
+            "table",
+            [
+                target(
+                    'SELECT last("r_th_c_per_w") AS "R_th °C/W", last("tau_s") AS "τ s", last("t_amb_c") AS "T_amb '
+                    '°C", '
+                    f'last("method") AS "fit", last("step_sim_rmse_c") AS "step RMS °C", '
+                    f'last("arx_sim_rmse_c") AS "ARX RMS °C", last("power_limit_w") AS "limit W", '
+                    f'last("t_pred_at_limit_c") AS "T_ss at limit °C", last("slowdown_c") AS "slowdown °C", '
+                    f'last("headroom_c") AS "headroom °C" FROM "model" WHERE {model_where} GROUP BY "probe", "gpu"',
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=9,
+        ),
+    ]
+    return dashboard(
+        "gpuprobe-gpu-thermal",
+        "gpuprobe / GPU thermal",
+        "Temperatures, the power that drives them, throttling, and the fitted RC model.",
+        panels,
+        [ONE_HOST_VAR, GPU_VAR],
+    )
+
+
+def acoustics() -> dict[str, Any]:
+    lay = Layout()
+    where = f"{HOST} AND {TF}"
+    model_where = f"\"kind\" = 'acoustic' AND {HOST} AND {TF}"
+    panels = [
+        lay.panel(
+            "Node level: proxy estimate and microphone",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("est_dba") FROM "acoustic" WHERE "source" = \'proxy\' AND "gpu" = \'\' AND '
+                    f'{where} {BY_TIME}, "host" fill(null)',
+                    "A",
+                    alias="proxy $tag_host",
+                ),
+                target(
+                    f'SELECT mean("laeq_db") FROM "acoustic" WHERE "source" = \'mic\' AND {where} '
+                    f'{BY_TIME}, "host" fill(null)',
+                    "B",
+                    alias="microphone $tag_host",
+                ),
+            ],
+            w=24,
+            unit="dBA",
+        ),
+        lay.panel(
+            "Per-GPU proxy (estimate)",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("est_dba") FROM "acoustic" WHERE "source" = \'proxy\' AND "gpu" != \'\' AND {where} '
+                    f'{BY_TIME}, "host", "gpu" fill(null)',
+                    alias="$tag_host GPU $tag_gpu",
+                )
+            ],
+            unit="dBA",
+        ),
+        lay.panel(
+            "Microphone LAeq (1 s) and LAF (fast)",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("laeq_db") FROM "acoustic" WHERE "source" = \'mic\' AND {where} '
+                    f'{BY_TIME}, "host" fill(null)',
+                    "A",
+                    alias="LAeq $tag_host",
+                ),
+                target(
+                    f'SELECT max("laf_db") FROM "acoustic" WHERE "source" = \'mic\' AND {where} '
+                    f'{BY_TIME}, "host" fill(null)',
+                    "B",
+                    alias="LAF max $tag_host",
+                ),
+            ],
+            unit="dBA",
+        ),
+        lay.panel(
+            "Power over the TDP threshold (tdp_flag samples per interval)",
+            "timeseries",
+            [
+                target(
+                    f'SELECT count("tdp_flag") FROM "acoustic" WHERE "tdp_flag" = true AND {where} {BY_TIME}, "host" '
+                    "fill(0)",
+                    alias="$tag_host",
+                )
+            ],
+            description="Lulla et al. (2025): power above k·TDP as a fan-noise flag",
+        ),
+        lay.panel(
+            "Proxy levels per GPU (gpuprobe model)",
+            "table",
+            [
+                target(
+                    'SELECT last("idle_dba") AS "idle dBA", last("steady_dba") AS "steady dBA", last("max_dba") AS '
+                    '"max dBA", '
+                    f'last("outlier") AS "louder" FROM "model" WHERE {model_where} AND "gpu" != \'\' '
+                    f'GROUP BY "probe", "host", "gpu"',
+                    fmt="table",
+                )
+            ],
+        ),
+        lay.panel(
+            "Calibration against the microphone (gpuprobe model)",
+            "table",
+            [
+                target(
+                    f'SELECT last("mic_offset_db") AS "mic - proxy dB", last("mic_slope") AS "slope", '
+                    'last("mic_intercept_db") AS "intercept dB", last("mic_r2") AS "R²", last("mic_rmse_db") AS "RMS '
+                    'dB", '
+                    f'last("mic_pairs") AS "pairs" FROM "model" WHERE {model_where} AND "gpu" = \'\' GROUP BY '
+                    '"probe", "host"',
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=7,
+        ),
+    ]
+    return dashboard(
+        "gpuprobe-acoustics",
+        "gpuprobe / Acoustics",
+        "Acoustic proxy estimates per GPU and node, microphone levels, and their calibration.",
+        panels,
+        [HOST_VAR],
+    )
+
+
+def probe_efficiency() -> dict[str, Any]:
+    lay = Layout()
+    eff = f"\"kind\" = 'efficiency' AND {PROBE} AND {HOST} AND {TF}"
+    panels = [
+        lay.panel(
+            "Throughput",
+            "timeseries",
+            [
+                target(
+                    f'SELECT mean("samples_per_s") FROM "trainer" WHERE {PROBE} AND {HOST} AND {TF} '
+                    f'{BY_TIME}, "host", "gpu" fill(null)',
+                    alias="$tag_host GPU $tag_gpu",
+                )
+            ],
+            unit="samples/s",
+        ),
+        lay.panel(
+            "Power per node",
+            "timeseries",
+            [target(_sum_of_gpus("power_w", HOST, "host"), alias="$tag_host")],
+            unit="watt",
+        ),
+        lay.panel(
+            "Probe events",
+            "table",
+            [
+                target(
+                    f'SELECT "phase", "kind", "status", "workload" FROM "probe" WHERE {PROBE} AND {HOST} AND {TF} '
+                    f'GROUP BY "host"',
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=7,
+        ),
+        lay.panel(
+            "Samples per joule per GPU (steady phase)",
+            "bargauge",
+            [
+                target(
+                    f'SELECT last("samples_per_j") FROM "model" WHERE {eff} AND "gpu" != \'\' GROUP BY "host", "gpu"',
+                    alias="$tag_host GPU $tag_gpu",
+                )
+            ],
+            unit="samples/J",
+        ),
+        lay.panel(
+            "Energy per node (NVML counter)",
+            "bargauge",
+            [
+                target(
+                    f'SELECT last("probe_energy_j") FROM "model" WHERE {eff} AND "gpu" = \'\' GROUP BY "host"',
+                    "A",
+                    alias="$tag_host whole probe",
+                ),
+                target(
+                    f'SELECT last("steady_energy_j") FROM "model" WHERE {eff} AND "gpu" = \'\' GROUP BY "host"',
+                    "B",
+                    alias="$tag_host steady phase",
+                ),
+            ],
+            unit="joule",
+        ),
+        lay.panel(
+            "Carbon",
+            "stat",
+            [
+                target(
+                    f'SELECT sum("kg") FROM (SELECT last("kg_co2e") AS "kg" FROM "model" WHERE {eff} AND "gpu" != \'\' '
+                    f'GROUP BY "host", "gpu") WHERE {TF}'
+                )
+            ],
+            w=6,
+            h=4,
+            unit="kg CO2e",
+            decimals=4,
+        ),
+        lay.panel(
+            "Cost",
+            "stat",
+            [
+                target(
+                    f'SELECT sum("c") FROM (SELECT last("cost") AS "c" FROM "model" WHERE {eff} AND "gpu" != \'\' '
+                    f'GROUP BY "host", "gpu") WHERE {TF}'
+                )
+            ],
+            w=6,
+            h=4,
+            decimals=2,
+            description="Empty when the model ran without --price-per-gpu-hour",
+        ),
+        lay.panel(
+            "Idle power (baseline)",
+            "stat",
+            [
+                target(
+                    f'SELECT last("idle_power_w") FROM "model" WHERE {eff} AND "gpu" = \'\' GROUP BY "host"',
+                    alias="$tag_host",
+                )
+            ],
+            w=12,
+            h=4,
+            unit="watt",
+        ),
+        lay.panel(
+            "Efficiency per GPU (gpuprobe model)",
+            "table",
+            [
+                target(
+                    f'SELECT last("samples_per_s") AS "samples/s", last("mean_power_w") AS "mean W", '
+                    f'last("peak_power_w") AS "peak W", last("samples_per_j") AS "samples/J", '
+                    f'last("j_per_sample") AS "J/sample", last("idle_power_w") AS "idle W", '
+                    f'last("steady_energy_j") AS "steady J", last("probe_energy_j") AS "probe J", '
+                    f'last("kg_co2e") AS "kg CO2e", last("outlier") AS "less efficient" FROM "model" '
+                    f'WHERE {eff} AND "gpu" != \'\' GROUP BY "host", "gpu"',
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=9,
+        ),
+        lay.panel(
+            "Thermal fits of the probe (gpuprobe model)",
+            "table",
+            [
+                target(
+                    'SELECT last("r_th_c_per_w") AS "R_th °C/W", last("tau_s") AS "τ s", last("t_amb_c") AS "T_amb '
+                    '°C", '
+                    f'last("headroom_c") AS "headroom °C" FROM "model" WHERE "kind" = \'thermal\' AND {PROBE} AND '
+                    f"{HOST} "
+                    f'AND "gpu" != \'\' AND {TF} GROUP BY "host", "gpu"',
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=9,
+        ),
+    ]
+    return dashboard(
+        "gpuprobe-probe-efficiency",
+        "gpuprobe / Probe efficiency",
+        "One probe: throughput, power, energy, samples per joule, carbon and cost.",
+        panels,
+        [PROBE_VAR, HOST_VAR],
+        time_from="now-3h",
+    )
+
+
+COLLECTOR_NOTE = """\
+**Collector health is not in InfluxDB.** The collector's self-metrics are Prometheus metrics on
+`--metrics-listen` (`gpuprobe_collector_streams_open`, `gpuprobe_collector_batches_received`,
+`gpuprobe_collector_lines_accepted`, WAL and sink counters; docs of the collector). Add a Prometheus
+data source scraping it to chart them. The panels here show what reaches InfluxDB: sample rates and
+the freshness of each host's data (a stalled agent *or* collector shows up as a rate that drops to
+zero), and the agents' own counters (`agent` measurement, written by the collector from each batch's
+stats: deltas per batch, `spool_bytes` a gauge)."""
+
+
+def health() -> dict[str, Any]:
+    lay = Layout()
+    where = f"{HOST} AND {TF}"
+    panels = [
+        lay.text("About this dashboard", COLLECTOR_NOTE, h=6),
+        lay.panel(
+            "GPU samples per second per host",
+            "timeseries",
+            [
+                target(
+                    f'SELECT count("temp_c") / 10 FROM "gpu" WHERE {where} GROUP BY time(10s), "host" fill(0)',
+                    alias="$tag_host",
+                )
+            ],
+            unit="samples/s",
+            description="Counted in 10 s windows; 10 Hz · GPUs when healthy",
+        ),
+        lay.panel(
+            "Other measurements: points per 10 s per host",
+            "timeseries",
+            [
+                target(
+                    f'SELECT count("cpu_pct") FROM "node" WHERE {where} GROUP BY time(10s), "host" fill(0)',
+                    "A",
+                    alias="node $tag_host",
+                ),
+                target(
+                    f'SELECT count("est_dba") FROM "acoustic" WHERE {where} GROUP BY time(10s), "host" fill(0)',
+                    "B",
+                    alias="acoustic $tag_host",
+                ),
+            ],
+        ),
+        lay.panel(
+            "Last sample per GPU",
+            "table",
+            [
+                target(
+                    f'SELECT last("temp_c") AS "temp °C" FROM "gpu" WHERE {where} GROUP BY "host", "gpu"', fmt="table"
+                )
+            ],
+            description="The time column is the newest sample: its age is how far behind that GPU's data is",
+        ),
+        lay.panel(
+            "Agent spool",
+            "timeseries",
+            [
+                target(
+                    f'SELECT last("spool_bytes") FROM "agent" WHERE {where} {BY_TIME}, "host" fill(previous)',
+                    alias="$tag_host",
+                )
+            ],
+            unit="bytes",
+            description="Bytes waiting in the agent's durable spool",
+        ),
+        lay.panel(
+            "Agent drops and errors",
+            "timeseries",
+            [
+                target(
+                    f'SELECT sum("dropped_samples") FROM "agent" WHERE {where} {BY_TIME}, "host" fill(0)',
+                    "A",
+                    alias="dropped samples $tag_host",
+                ),
+                target(
+                    f'SELECT sum("dropped_batches") FROM "agent" WHERE {where} {BY_TIME}, "host" fill(0)',
+                    "B",
+                    alias="dropped batches $tag_host",
+                ),
+                target(
+                    f'SELECT sum("read_errors") FROM "agent" WHERE {where} {BY_TIME}, "host" fill(0)',
+                    "C",
+                    alias="read errors $tag_host",
+                ),
+                target(
+                    f'SELECT sum("missed_ticks") FROM "agent" WHERE {where} {BY_TIME}, "host" fill(0)',
+                    "D",
+                    alias="missed ticks $tag_host",
+                ),
+            ],
+            description="Counters are per-batch deltas, so a sum per interval is the count in it",
+        ),
+        lay.panel(
+            "Agent batches reporting (stats points per 10 s)",
+            "timeseries",
+            [
+                target(
+                    f'SELECT count("spool_bytes") FROM "agent" WHERE {where} GROUP BY time(10s), "host" fill(0)',
+                    alias="$tag_host",
+                )
+            ],
+        ),
+    ]
+    return dashboard(
+        "gpuprobe-health",
+        "gpuprobe / Agent and collector health",
+        "What reaches InfluxDB per host, and the agents' own counters.",
+        panels,
+        [HOST_VAR],
+        time_from="now-15m",
+    )
+
+
+DASHBOARDS = {
+    "fleet-overview.json": fleet,
+    "node-detail.json": node,
+    "gpu-thermal.json": gpu_thermal,
+    "acoustics.json": acoustics,
+    "probe-efficiency.json": probe_efficiency,
+    "health.json": health,
+}
+
+
+def render() -> dict[str, str]:
+    """File name -> JSON text of every dashboard."""
+    return {name: json.dumps(build(), indent=2, ensure_ascii=False) + "\n" for name, build in DASHBOARDS.items()}
+
+
+def default_out() -> Path:
+    return Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "dashboards"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpuprobe.model.grafana", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder to write into (default: deploy/grafana/dashboards)"
+    )
+    args = parser.parse_args(argv)
+    out: Path = args.out or default_out()
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in render().items():
+        (out / name).write_text(text, encoding="utf-8")
+        print(out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

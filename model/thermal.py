@@ -1,0 +1,394 @@
+"""First-order RC thermal model of one GPU, fitted two ways from its step responses.
+
+The model (lumped RC; the compact-RC reference is HotSpot)::
+
+    C·dT/dt = P - (T - T_amb)/R        T_ss = T_amb + R·P        τ = R·C
+    after a step to constant P at t_s:  T(t) = T_ss + (T(t_s) - T_ss)·exp(-(t - t_s)/τ)
+
+**Step fit** (primary). The load step up and the step down are found in the power series (a
+threshold halfway between the idle and the load level, runs shorter than ``min_run_s`` ignored).
+Each response is fitted with ``scipy.optimize.curve_fit`` over its *whole* segment, three free
+parameters ``T∞``, ``T_start`` and ``τ``: a free ``T_start`` absorbs the unknown step instant
+within one sampling interval, and fitting the whole curve — where the true temperature sweeps
+through many integer degrees — makes the rounding of NVML's integer readings average out instead
+of biasing ``T∞`` (which a plateau read at one integer would do by up to 0.5 °C). The two
+asymptotes give ``R = (T∞,up - T∞,down) / (P_up - P_down)`` and ``T_amb = T∞,down - R·P_down``;
+``τ`` is the inverse-variance mean of the two fits. With only one response, the other level is
+the mean temperature over the last seconds before the step (assumed steady; noted). Samples taken
+while the GPU is slowed down (HW slowdown, SW/HW thermal, power brake) end the heating segment: the
+constant-power step response does not hold there.
+
+**ARX fit** (second opinion): least squares on ``T[k+1] = a·T[k] + b·P[k] + c`` over the whole
+window, then ``τ = -Δt/ln a``, ``R = b/(1-a)``, ``T_amb = c/(1-a)``. On raw 100 ms integer data
+this is badly biased: per step the temperature changes by a fraction of a degree, so the rounding
+error (uniform, ±0.5 °C) is of the order of the signal in the regressor ``T[k]`` (errors in
+variables attenuate ``1-a``), and NVML's power is piecewise constant per ~100 ms. The series is
+therefore first reduced to means over ``resample_s`` (default 1 s) bins, which both averages the
+rounding and makes each step's change several degrees; the input of a pair is the mean power over
+the two bins (block means of a first-order system are exactly first-order when the input is
+constant over the two bins; the mean over both is the best single value at a step).
+
+Whichever of the two simulates the measured temperature better from the measured power (the RMS of
+an output-error simulation over the whole window) is reported as *chosen*; both are reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# nvmlClocksEventReasons
+REASON_SW_POWER_CAP = 0x4
+REASON_HW_SLOWDOWN = 0x8
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+# thermal throttling, as docs/schema.md counts it (`& 96`); HW slowdown (0x8) alone may also be a power brake
+THERMAL_REASONS = REASON_SW_THERMAL | REASON_HW_THERMAL
+# any slowdown that lowers clocks and power below what the load asks for (ends a heating step response)
+SLOWDOWN_REASONS = REASON_HW_SLOWDOWN | REASON_SW_THERMAL | REASON_HW_THERMAL | REASON_HW_POWER_BRAKE
+POWER_REASONS = REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE
+
+# Slowdown thresholds (nvmlTemperatureThresholds_t SLOWDOWN) by NVML name; the storage schema does not
+# carry thresholds, so they come from here or from --slowdown-c. Sources: public `nvidia-smi -q`
+# dumps (V100-PCIE 87 °C, A100 80GB 89 °C, H800 89 °C: reference/thermal-and-acoustics.md §3) and the
+# simulator's datasheet rows for H100/H200 (89 °C), L4 and RTX 4090 (92 °C).
+SLOWDOWN_C_BY_MODEL: tuple[tuple[str, float], ...] = (
+    ("V100", 87.0),
+    ("A100", 89.0),
+    ("H100", 89.0),
+    ("H200", 89.0),
+    ("H800", 89.0),
+    ("L4", 92.0),
+    ("RTX 4090", 92.0),
+)
+# group delay of NVML's 1 s power average: the mean of the last n = 1 s / Δ updates lags by (n - 1)·Δ/2
+AVERAGE_DELAY_S = 0.45
+DEFAULT_SLOWDOWN_C = 87.0  # the lowest of the table: conservative when the model is unknown
+
+
+def slowdown_for(model_name: str, override_c: float | None) -> tuple[float, str]:
+    """The slowdown threshold to use and where it came from (``option``, ``table`` or ``default``)."""
+    if override_c is not None:
+        return override_c, "option"
+    for needle, value in SLOWDOWN_C_BY_MODEL:
+        if needle.lower() in model_name.lower():
+            return value, "table"
+    return DEFAULT_SLOWDOWN_C, "default"
+
+
+@dataclass(frozen=True)
+class RC:
+    r_th_c_per_w: float
+    tau_s: float
+    t_amb_c: float
+
+    def steady_c(self, power_w: float) -> float:
+        return self.t_amb_c + self.r_th_c_per_w * power_w
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """One fitted step response."""
+
+    direction: str  # "heating" or "cooling"
+    t_step_ns: int
+    power_w: float  # mean power during the segment
+    t_inf_c: float
+    t_start_c: float
+    tau_s: float
+    tau_stderr_s: float
+    t_inf_stderr_c: float
+    rmse_c: float
+    samples: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class ArxFit:
+    a: float
+    b: float
+    c: float
+    rc: RC | None
+    resample_s: float
+    one_step_rmse_c: float
+    pairs: int
+    tau_stderr_s: float | None
+    r_stderr_c_per_w: float | None
+
+
+@dataclass
+class ThermalFit:
+    """Everything fitted and derived for one GPU."""
+
+    step: RC | None = None
+    step_fits: list[StepFit] = field(default_factory=list)
+    step_sim_rmse_c: float | None = None
+    arx: ArxFit | None = None
+    arx_sim_rmse_c: float | None = None
+    chosen: str = "none"
+    rc: RC | None = None
+    power_low_w: float | None = None
+    power_high_w: float | None = None
+    power_source: str = "power_instant_w"
+    notes: list[str] = field(default_factory=list)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _runs(flags: np.ndarray) -> list[tuple[int, int, bool]]:
+    """(start, end, value) of each run of equal values; end exclusive."""
+    out: list[tuple[int, int, bool]] = []
+    start = 0
+    for i in range(1, len(flags) + 1):
+        if i == len(flags) or flags[i] != flags[start]:
+            out.append((start, i, bool(flags[start])))
+            start = i
+    return out
+
+
+def detect_steps(
+    t_s: np.ndarray, power_w: np.ndarray, min_run_s: float = 2.0, min_step_w: float = 5.0
+) -> tuple[tuple[int, int] | None, tuple[int, int] | None, float, float]:
+    """The heating segment (first loaded run after an unloaded one) and the cooling segment after it.
+
+    Returns ``(heating, cooling, low_w, high_w)``; a segment is ``(start, end)`` sample indices, end
+    exclusive, or None. Levels are the 10th and 90th percentiles of power.
+    """
+    low, high = float(np.percentile(power_w, 10)), float(np.percentile(power_w, 90))
+    if high - low < max(min_step_w, 0.1 * high):
+        return None, None, low, high
+    above = power_w >= (low + high) / 2
+    runs = _runs(above)
+    # merge runs shorter than min_run_s into their neighbours (brief dips and spikes of a real workload)
+    merged: list[list[Any]] = []
+    for start, end, value in runs:
+        short = t_s[end - 1] - t_s[start] < min_run_s and merged
+        if merged and (short or merged[-1][2] == value):
+            merged[-1][1] = end
+        else:
+            merged.append([start, end, value])
+    heating = cooling = None
+    for k in range(1, len(merged)):
+        if merged[k][2] and not merged[k - 1][2]:
+            heating = (merged[k][0], merged[k][1])
+            if k + 1 < len(merged):
+                cooling = (merged[k + 1][0], merged[k + 1][1])
+            break
+    if heating is None and len(merged) >= 2 and merged[0][2] and not merged[1][2]:
+        cooling = (merged[1][0], merged[1][1])
+    return heating, cooling, low, high
+
+
+def _step_model(x: np.ndarray, t_inf: float, t_start: float, tau: float) -> np.ndarray:
+    result: np.ndarray = t_inf + (t_start - t_inf) * np.exp(-x / tau)
+    return result
+
+
+def fit_step(
+    direction: str, t_ns: np.ndarray, temp_c: np.ndarray, power_w: np.ndarray, t_step_ns: int, skip_power_s: float
+) -> StepFit | None:
+    """curve_fit of one step response over the whole segment (see the module docstring)."""
+    from scipy.optimize import curve_fit
+
+    if len(t_ns) < 10:
+        return None
+    x = (t_ns - t_step_ns) / 1e9
+    duration = float(x[-1] - x[0])
+    if duration < 1.0:
+        return None
+    t_start0, t_inf0 = float(temp_c[0]), float(np.mean(temp_c[-max(1, len(temp_c) // 10) :]))
+    target = t_start0 + 0.632 * (t_inf0 - t_start0)
+    crossed = np.nonzero((temp_c - target) * np.sign(t_inf0 - t_start0 or 1.0) >= 0)[0]
+    tau0 = float(max(x[crossed[0]], 0.1)) if len(crossed) else duration / 3
+    try:
+        popt, pcov = curve_fit(
+            _step_model,
+            x,
+            temp_c,
+            p0=[t_inf0, t_start0, tau0],
+            bounds=([-100.0, -100.0, 0.01], [300.0, 300.0, 1e6]),
+            maxfev=20000,
+        )
+    except (RuntimeError, ValueError):
+        return None
+    residuals = temp_c - _step_model(x, *popt)
+    errors = np.sqrt(np.abs(np.diag(pcov))) if np.all(np.isfinite(pcov)) else np.full(3, math.nan)
+    keep = x >= x[0] + skip_power_s
+    power = float(np.mean(power_w[keep] if np.any(keep) else power_w))
+    return StepFit(
+        direction=direction,
+        t_step_ns=int(t_step_ns),
+        power_w=power,
+        t_inf_c=float(popt[0]),
+        t_start_c=float(popt[1]),
+        tau_s=float(popt[2]),
+        tau_stderr_s=float(errors[2]),
+        t_inf_stderr_c=float(errors[0]),
+        rmse_c=float(np.sqrt(np.mean(residuals**2))),
+        samples=len(x),
+        duration_s=duration,
+    )
+
+
+def simulate(t_ns: np.ndarray, power_w: np.ndarray, rc: RC, t0_c: float) -> np.ndarray:
+    """The RC model's temperature at each sample, driven by the measured power (held between samples)."""
+    out = np.empty(len(t_ns))
+    out[0] = t0_c
+    dt = np.diff(t_ns) / 1e9
+    decay = np.exp(-dt / rc.tau_s)
+    steady = rc.t_amb_c + rc.r_th_c_per_w * power_w
+    for k in range(1, len(t_ns)):
+        out[k] = steady[k - 1] + (out[k - 1] - steady[k - 1]) * decay[k - 1]
+    return out
+
+
+def sim_rmse(t_ns: np.ndarray, temp_c: np.ndarray, power_w: np.ndarray, rc: RC) -> float:
+    t0 = float(np.mean(temp_c[: min(len(temp_c), 5)]))
+    predicted = simulate(t_ns, power_w, rc, t0)
+    return float(np.sqrt(np.mean((predicted - temp_c) ** 2)))
+
+
+def fit_arx(t_ns: np.ndarray, temp_c: np.ndarray, power_w: np.ndarray, resample_s: float) -> ArxFit | None:
+    """Least squares on T[k+1] = a·T[k] + b·P[k] + c over ``resample_s`` bin means (module docstring)."""
+    if len(t_ns) < 3:
+        return None
+    bins = ((t_ns - t_ns[0]) // int(resample_s * 1e9)).astype(np.int64)
+    n_bins = int(bins[-1]) + 1
+    counts = np.bincount(bins, minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        temp = np.bincount(bins, weights=temp_c, minlength=n_bins) / counts
+        power = np.bincount(bins, weights=power_w, minlength=n_bins) / counts
+    valid = counts > 0
+    k = np.nonzero(valid[:-1] & valid[1:])[0]
+    if len(k) < 5:
+        return None
+    p_in = (power[k] + power[k + 1]) / 2
+    x = np.column_stack([temp[k], p_in, np.ones(len(k))])
+    y = temp[k + 1]
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    a, b, c = (float(v) for v in coef)
+    residuals = y - x @ coef
+    rmse = float(np.sqrt(np.mean(residuals**2)))
+    rc = None
+    tau_err = r_err = None
+    if 0.0 < a < 1.0:
+        tau = -resample_s / math.log(a)
+        rc = RC(r_th_c_per_w=b / (1 - a), tau_s=tau, t_amb_c=c / (1 - a))
+        dof = max(1, len(k) - 3)
+        try:
+            cov = (residuals @ residuals / dof) * np.linalg.inv(x.T @ x)
+            d_tau_da = resample_s / (a * math.log(a) ** 2)
+            tau_err = float(abs(d_tau_da) * math.sqrt(max(cov[0, 0], 0.0)))
+            grad = np.array([b / (1 - a) ** 2, 1 / (1 - a)])
+            r_err = float(math.sqrt(max(float(grad @ cov[:2, :2] @ grad), 0.0)))
+        except np.linalg.LinAlgError:
+            pass
+    return ArxFit(a, b, c, rc, resample_s, rmse, len(k), tau_err, r_err)
+
+
+def _level_before(t_ns: np.ndarray, values: np.ndarray, index: int, seconds: float) -> float:
+    start_ns = t_ns[index] - seconds * 1e9
+    window = values[(t_ns >= start_ns) & (np.arange(len(t_ns)) < index)]
+    return float(np.mean(window)) if len(window) else float(values[max(0, index - 1)])
+
+
+def fit_thermal(
+    t_ns: np.ndarray,
+    temp_c: np.ndarray,
+    power_w: np.ndarray,
+    reasons: np.ndarray | None,
+    *,
+    power_is_average: bool,
+    resample_s: float = 1.0,
+    min_run_s: float = 2.0,
+) -> ThermalFit:
+    """Both fits of one GPU over the window; the chosen one is the better output-error simulation."""
+    result = ThermalFit(power_source="power_w" if power_is_average else "power_instant_w")
+    ok = np.isfinite(temp_c) & np.isfinite(power_w)
+    t_ns, temp_c, power_w = t_ns[ok], temp_c[ok], power_w[ok]
+    reasons = reasons[ok] if reasons is not None else None
+    if len(t_ns) < 20:
+        result.notes.append("too few samples for a thermal fit")
+        return result
+    if power_is_average:
+        # NVML's 1 s average lags the power that heats the die by its group delay; reading it that much
+        # later centres its ramp on the true step (otherwise the ARX fit and the simulation shorten τ)
+        power_w = np.interp(t_ns + AVERAGE_DELAY_S * 1e9, t_ns, power_w)
+        result.notes.append(f"power from the 1 s average power_w, advanced by {AVERAGE_DELAY_S:g} s")
+    t_s = (t_ns - t_ns[0]) / 1e9
+    heating, cooling, low, high = detect_steps(t_s, power_w, min_run_s=min_run_s)
+    result.power_low_w, result.power_high_w = low, high
+    skip = 1.0 if power_is_average else 0.0
+    fits: dict[str, StepFit] = {}
+    for direction, segment in (("heating", heating), ("cooling", cooling)):
+        if segment is None:
+            continue
+        start, end = segment
+        if direction == "heating" and reasons is not None:
+            throttled = np.nonzero(reasons[start:end] & SLOWDOWN_REASONS)[0]
+            if len(throttled):
+                end = start + int(throttled[0])
+                result.notes.append("heating segment cut where a slowdown began")
+        if end - start < 10:
+            continue
+        t_step = int((t_ns[start - 1] + t_ns[start]) // 2) if start > 0 else int(t_ns[start])
+        fit = fit_step(direction, t_ns[start:end], temp_c[start:end], power_w[start:end], t_step, skip)
+        if fit is not None:
+            fits[direction] = fit
+            if fit.tau_s > fit.duration_s:
+                result.notes.append(f"{direction} segment ({fit.duration_s:.0f} s) shorter than τ: T∞ extrapolated")
+    result.step_fits = list(fits.values())
+    if not fits:
+        result.notes.append("no load step found in the power series: no step fit")
+    else:
+        up, down = fits.get("heating"), fits.get("cooling")
+        if up is not None and down is not None:
+            hi_t, hi_p, lo_t, lo_p = up.t_inf_c, up.power_w, down.t_inf_c, down.power_w
+        elif up is not None:
+            index = int(np.searchsorted(t_ns, up.t_step_ns))
+            hi_t, hi_p = up.t_inf_c, up.power_w
+            lo_t, lo_p = _level_before(t_ns, temp_c, index, 5.0), _level_before(t_ns, power_w, index, 5.0)
+            result.notes.append("no cooling response: idle level taken from the seconds before the load step")
+        else:
+            assert down is not None
+            index = int(np.searchsorted(t_ns, down.t_step_ns))
+            lo_t, lo_p = down.t_inf_c, down.power_w
+            hi_t, hi_p = _level_before(t_ns, temp_c, index, 5.0), _level_before(t_ns, power_w, index, 5.0)
+            result.notes.append("no heating response: load level taken from the seconds before the step down")
+        if abs(hi_p - lo_p) > 1e-6:
+            r = (hi_t - lo_t) / (hi_p - lo_p)
+            weights = [
+                1 / f.tau_stderr_s**2 if f.tau_stderr_s > 0 and math.isfinite(f.tau_stderr_s) else 1.0
+                for f in fits.values()
+            ]
+            tau = float(np.average([f.tau_s for f in fits.values()], weights=weights))
+            result.step = RC(r_th_c_per_w=r, tau_s=tau, t_amb_c=lo_t - r * lo_p)
+            result.step_sim_rmse_c = sim_rmse(t_ns, temp_c, power_w, result.step)
+    result.arx = fit_arx(t_ns, temp_c, power_w, resample_s)
+    if result.arx is not None and result.arx.rc is not None:
+        result.arx_sim_rmse_c = sim_rmse(t_ns, temp_c, power_w, result.arx.rc)
+    candidates = [
+        (rmse, name, rc)
+        for rmse, name, rc in (
+            (result.step_sim_rmse_c, "step", result.step),
+            (result.arx_sim_rmse_c, "arx", result.arx.rc if result.arx else None),
+        )
+        if rmse is not None and rc is not None and math.isfinite(rmse)
+    ]
+    if candidates:
+        _, result.chosen, result.rc = min(candidates, key=lambda c: (c[0], c[1] != "step"))
+    return result
+
+
+def throttled_seconds(t_ns: np.ndarray, reasons: np.ndarray, mask: int) -> float:
+    """Time during which any of ``mask``'s reasons was active: each sample's bits hold until the next."""
+    if len(t_ns) < 2:
+        return 0.0
+    dt = np.diff(t_ns) / 1e9
+    active = (reasons[:-1].astype(np.int64) & mask) != 0
+    return float(np.sum(dt[active]))

@@ -1,0 +1,193 @@
+"""GPU sampling: lost GPUs, unsupported fields, the sampling rate and the agent's own counters."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from agent_helpers import AgentFactory, Receiver, clean_env, gpuprobe_command, machine, unique_batches
+from gpuprobe.sim import state
+
+
+def test_a_lost_gpu_is_reported_and_the_others_keep_being_sampled(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"] * 3)
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    time.sleep(1.5)
+    lost_at = state.set_failed(sim.state_dir, 1, True)
+    agent.wait_for_log(r"GPU 1 \(NVIDIA H100 80GB HBM3, GPU-[0-9a-f-]+\) is lost \(.*GPU_IS_LOST\)")
+    time.sleep(3)
+    back_at = state.set_failed(sim.state_dir, 1, False)
+    agent.wait_for_log("GPU 1 .* answers again")
+    time.sleep(1.5)
+    assert agent.terminate() == 0
+    log = agent.log()
+    assert log.count("is lost") == 1, "logged once, not once per tick"
+
+    batches = unique_batches(receiver.batches())
+    times: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for b in batches.values():
+        for s in b.gpu_samples:
+            times[s.gpu_index].append(s.time_unix_ns)
+    period_ns = 100_000_000
+    for healthy in (0, 2):
+        t = sorted(times[healthy])
+        outage = [x for x in t if lost_at < x < back_at]
+        assert len(outage) >= (back_at - lost_at) / period_ns - 3, f"GPU {healthy} kept its 10 Hz while GPU 1 was lost"
+        assert max(b - a for a, b in itertools.pairwise(t)) < 2.5 * period_ns
+    during = [x for x in times[1] if lost_at + 2 * period_ns < x < back_at]
+    assert during == [], "no samples (and no zeros) from the lost GPU"
+    assert any(x > back_at for x in times[1]), "sampling resumed when it came back"
+    assert sum(b.stats.read_errors for b in batches.values()) >= 1, "the failure is counted in AgentStats"
+
+
+def test_sampling_at_50_hz_and_the_prometheus_counters(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["RTX-4090", "A100-SXM4-80GB"])
+    agent = agent_factory(sim, [receiver.address], "--interval", "0.02", "--metrics-listen", "127.0.0.1:0")
+    port = int(agent.wait_for_log(r"Prometheus metrics on http://127.0.0.1:(\d+)/metrics").group(1))
+    agent.wait_for_log("streaming to collector")
+    time.sleep(3)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    metrics = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(gpuprobe_agent_\w+) (\S+)$", body, re.M)}
+    assert metrics["gpuprobe_agent_samples_taken_total"] > 200
+    assert metrics["gpuprobe_agent_samples_acked_total"] > 0
+    assert metrics["gpuprobe_agent_samples_sent_total"] >= metrics["gpuprobe_agent_samples_acked_total"]
+    assert metrics["gpuprobe_agent_connected"] == 1
+    for name in (
+        "samples_spooled_total",
+        "samples_dropped_total",
+        "spool_bytes",
+        "reconnects_total",
+        "read_errors_total",
+    ):
+        assert f"gpuprobe_agent_{name}" in metrics
+    assert agent.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    for gpu in (0, 1):
+        t = sorted(s.time_unix_ns for b in batches.values() for s in b.gpu_samples if s.gpu_index == gpu)
+        rate = (len(t) - 1) / ((t[-1] - t[0]) / 1e9)
+        assert 45 <= rate <= 51, f"GPU {gpu} sampled at {rate:.1f} Hz"
+    # at 50 Hz batches fill to more than 100 samples within the flush interval
+    assert max(len(b.gpu_samples) for b in batches.values()) >= 100
+    # unsupported fields are absent: no memory temperature on the 4090, no fans on the A100
+    for b in batches.values():
+        for s in b.gpu_samples:
+            assert s.HasField("mem_temp_c") == (s.gpu_index == 1)
+            assert s.HasField("fan_pct") == (s.gpu_index == 0)
+    assert "GPU 0 (NVIDIA GeForce RTX 4090" in agent.log() and "mem_temp_c is not supported" in agent.log()
+
+
+def run_agent(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*gpuprobe_command(), "agent", *args], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+
+
+def test_bad_configuration_fails_fast_with_a_message_naming_the_option(tmp_path: Path) -> None:
+    for args, message in [
+        ([], "no collector"),
+        (["--collector", "c:1", "--interval", "0.01"], "--interval must be between 0.02 s (50 Hz)"),
+        (["--collector", "c:99999"], "--collector: not HOST:PORT"),
+        (["--collector", "fe80::1"], "--collector: write an IPv6 address in brackets"),
+        (["--collector", "c:1", "--broker", "mqtt://b"], "--trusted-keys is required"),
+        (
+            ["--collector", "c:1", "--broker", "ftp://b", "--trusted-keys", "k"],
+            "the scheme must be mqtt:// or mqtts://",
+        ),
+        (["--collector", "c:1", "--broker", "mqtt://b", "--trusted-keys", "/nonexistent.pub"], "/nonexistent.pub"),
+        (["--collector", "c:1", "--host", "a/b"], "--host 'a/b' must be non-empty and contain none of"),
+        (["--collector", "c:1", "--tls-cert", "/nonexistent"], "mutual TLS needs both --tls-cert and --tls-key"),
+        (["--collector", "c:1", "--batch-max-samples", "10"], "at least 100"),
+    ]:
+        done = run_agent("--spool", str(tmp_path / "spool"), *args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert message in done.stderr, (args, done.stderr)
+
+
+def test_check_prints_the_effective_settings_from_flags_environment_and_file(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('[agent]\ncollector = ["from-file:1"]\ncluster = "file-cluster"\ninterval = 0.05\n')
+    done = subprocess.run(
+        [*gpuprobe_command(), "--config", str(config), "agent", "--check", "--interval", "0.2"],
+        env={**clean_env(), "GPUPROBE_CLUSTER": "env-cluster"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "from-file:1" in done.stdout
+    assert "cluster=env-cluster" in done.stdout, "the environment wins over the file"
+    assert "every 0.2 s (5 Hz)" in done.stdout, "the flag wins over the file"
+    assert "control plane    off" in done.stdout and "trainer socket   off" in done.stdout
+
+
+def test_a_collector_without_a_port_is_the_collectors_default_port_7447(tmp_path: Path) -> None:
+    done = run_agent("--spool", str(tmp_path / "spool"), "--check", "--collector", "a,b:9000,[::1]")
+    assert done.returncode == 0, done.stderr
+    assert "collector        a:7447, b:9000, [::1]:7447" in done.stdout
+
+
+def test_with_a_broker_the_trainer_socket_and_control_dir_default_to_the_spool(tmp_path: Path) -> None:
+    from gpuprobe.control import keys
+
+    made = keys.generate(tmp_path / "keys", "operator")
+    spool = tmp_path / "spool"
+    done = run_agent(
+        "--spool", str(spool), "--check", "--collector", "c", "--broker", "mqtt://broker.example:1884",
+        "--trusted-keys", str(made.public), "--host", "n1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"trainer socket   {spool / 'trainer.sock'}" in done.stdout
+    assert f"control plane    broker mqtt://broker.example:1884; trusted keys {made.key_id};" in done.stdout
+    assert f"control dir {spool / 'control'}" in done.stdout
+    # an explicit socket and control directory win; the MQTT reconnect pauses have their own names
+    done = run_agent(
+        "--spool", str(spool), "--check", "--collector", "c", "--broker", "mqtt://b", "--trusted-keys",
+        str(made.public), "--trainer-socket", str(tmp_path / "t.sock"), "--control-dir", str(tmp_path / "ctl"),
+        "--mqtt-reconnect-max", "5", "--mqtt-auth-retry", "10", "--reconnect-max", "3",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"trainer socket   {tmp_path / 't.sock'}" in done.stdout and f"control dir {tmp_path / 'ctl'}" in done.stdout
+
+
+def test_spool_directory_in_use_is_refused(tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory) -> None:
+    sim = machine(tmp_path / "sim", ["L4"])
+    first = agent_factory(sim, [receiver.address])
+    first.wait_for_log("streaming to collector")
+    second = agent_factory(sim, [receiver.address])
+    assert second.proc is not None and second.proc.wait(30) == 1
+    assert "is in use by another agent" in second.log()
+    assert first.terminate() == 0
+
+
+def test_without_nvml_the_agent_samples_the_host_with_its_hwmon_sensors(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    # an hwmon tree in sysfs's format: one labelled and one unlabelled sensor, and one that fails to read
+    chip = tmp_path / "hwmon" / "hwmon0"
+    chip.mkdir(parents=True)
+    (chip / "name").write_text("coretemp\n")
+    (chip / "temp1_input").write_text("45000\n")
+    (chip / "temp1_label").write_text("Package id 0\n")
+    (chip / "temp2_input").write_text("38500\n")
+    (chip / "temp3_input").write_text("garbage\n")
+    agent = agent_factory(None, [receiver.address], "--hwmon-dir", str(tmp_path / "hwmon"))  # no simulated GPUs
+    agent.wait_for_log("NVML is not available")
+    agent.wait_for_log("streaming to collector")
+    time.sleep(2.5)
+    assert agent.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    nodes = [s for b in batches.values() for s in b.node_samples]
+    assert len(nodes) >= 2 and not any(b.gpu_samples for b in batches.values())
+    for n in nodes:
+        assert 0 <= n.cpu_pct <= 100 and 0 < n.mem_used_bytes < n.mem_total_bytes and n.load1 >= 0
+        assert dict(n.hwmon_temp_c) == {"coretemp_package_id_0": 45.0, "coretemp_temp2": 38.5}
+    assert receiver.hellos()[0].gpus == []

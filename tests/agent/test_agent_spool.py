@@ -1,0 +1,267 @@
+"""The spool: durable, ordered, capped with counted drop-oldest; and the agent's SIGTERM grace behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from agent_helpers import AgentFactory, Receiver, assert_no_loss_no_duplicates, machine, unique_batches, wait_until
+from gpuprobe.agent.metrics import Counters
+from gpuprobe.agent.settings import UplinkSettings
+from gpuprobe.agent.spool import AsyncSpool, Spool, SpoolError
+from gpuprobe.agent.uplink import Uplink, _Session
+
+from gpuprobe.v1 import telemetry_pb2
+
+
+def batch(samples: int, t_ns: int | None = None) -> telemetry_pb2.SampleBatch:
+    b = telemetry_pb2.SampleBatch(agent_id="a", created_unix_ns=t_ns or time.time_ns())
+    for i in range(samples):
+        b.gpu_samples.add(time_unix_ns=i + 1, gpu_index=0, power_w=100.0 + i)
+    return b
+
+
+def test_seq_keeps_increasing_across_acks_and_restarts(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool_id = spool.spool_id
+    assert [spool.append(batch(10), 10).seq for _ in range(3)] == [1, 2, 3]
+    assert spool.delete_through(3).batches == 3
+    spool.close()
+    spool = Spool(tmp_path)
+    assert spool.spool_id == spool_id
+    assert spool.state().batches == 0
+    assert spool.append(batch(10), 10).seq == 4, "seq never restarts within one spool"
+    stored = spool.read_after(0, 10)
+    assert [s.seq for s in stored] == [4]
+    assert telemetry_pb2.SampleBatch.FromString(stored[0].payload).seq == 4
+
+
+def test_ack_deletes_only_up_to_its_seq(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    for _ in range(5):
+        spool.append(batch(7), 7)
+    deleted = spool.delete_through(3)
+    assert (deleted.batches, deleted.samples) == (3, 21)
+    assert [s.seq for s in spool.read_after(0, 10)] == [4, 5]
+    assert spool.state().oldest_seq == 4 and spool.state().samples == 14
+
+
+def test_size_cap_drops_the_oldest_and_reports_each_drop_once_even_across_a_restart(tmp_path: Path) -> None:
+    one = len(batch(50).SerializeToString()) + 40
+    spool = Spool(tmp_path, max_bytes=3 * one)
+    for _ in range(3):
+        assert spool.append(batch(50), 50).dropped_batches == 0
+    appended = spool.append(batch(50), 50)
+    assert (appended.dropped_batches, appended.dropped_samples) == (1, 50)
+    assert [s.seq for s in spool.read_after(0, 10)] == [2, 3, 4]
+    stored = telemetry_pb2.SampleBatch.FromString(spool.read_after(3, 1)[0].payload)
+    assert (stored.stats.dropped_batches, stored.stats.dropped_samples) == (1, 50), "reported in the next batch"
+    assert stored.stats.spool_bytes > 0
+    spool.close()
+
+    spool = Spool(tmp_path, max_bytes=3 * one)
+    nxt = spool.append(batch(50), 50)
+    stored = telemetry_pb2.SampleBatch.FromString(spool.read_after(nxt.seq - 1, 1)[0].payload)
+    assert (stored.stats.dropped_batches, stored.stats.dropped_samples) == (1, 50), "this append's own drop only"
+    assert spool.dropped_totals() == (100, 2)
+    assert spool.state().bytes <= 3 * one
+
+
+def test_cap_takes_acknowledged_rows_first_and_spares_batches_in_flight(tmp_path: Path) -> None:
+    one = len(batch(50).SerializeToString()) + 40
+    spool = Spool(tmp_path, max_bytes=3 * one)
+    for _ in range(3):
+        spool.append(batch(50), 50)
+    # batch 1 is acknowledged (its delete is pending), batch 2 is in flight
+    appended = spool.append(batch(50), 50, protect=lambda: (1, 2))
+    assert appended.dropped_batches == 0, "an acknowledged batch makes room without being a drop"
+    assert [s.seq for s in spool.read_after(0, 10)] == [2, 3, 4]
+    appended = spool.append(batch(50), 50, protect=lambda: (1, 2))
+    assert (appended.dropped_batches, appended.dropped_samples) == (1, 50)
+    assert [s.seq for s in spool.read_after(0, 10)] == [2, 4, 5], "the oldest batch not in flight was dropped"
+
+
+def test_age_cap_drops_old_batches(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_age_s=60)
+    old = time.time_ns() - 120 * 10**9
+    spool.append(batch(5, old), 5, now_ns=old)
+    spool.append(batch(5, old), 5, now_ns=old)
+    appended = spool.append(batch(5), 5)
+    assert appended.dropped_batches == 2
+    assert [s.seq for s in spool.read_after(0, 10)] == [3]
+
+
+def test_the_newest_batch_is_kept_even_when_it_alone_exceeds_the_cap(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=100)
+    spool.append(batch(50), 50)
+    appended = spool.append(batch(50), 50)
+    assert appended.dropped_batches == 1
+    assert [s.seq for s in spool.read_after(0, 10)] == [2]
+
+
+def test_a_second_agent_cannot_open_the_same_spool(tmp_path: Path) -> None:
+    first = Spool(tmp_path)
+    with pytest.raises(SpoolError, match="in use by another agent"):
+        Spool(tmp_path)
+    first.close()
+    Spool(tmp_path).close()
+
+
+def test_an_unreadable_spool_is_moved_aside_and_a_new_one_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = Spool(tmp_path)
+    old_id = spool.spool_id
+    spool.append(batch(5), 5)
+    spool.close()
+    (tmp_path / "spool.sqlite3-wal").unlink(missing_ok=True)
+    (tmp_path / "spool.sqlite3").write_bytes(b"this is not a database" * 100)
+    spool = Spool(tmp_path)
+    assert spool.spool_id != old_id and spool.state().batches == 0
+    assert list(tmp_path.glob("spool.sqlite3.corrupt-*"))
+    assert "unreadable" in caplog.text
+
+
+def test_a_batch_is_durable_in_the_spool_file_before_append_returns(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    appended = spool.append(batch(3), 3)
+    # another connection (another process would see the same) reads the committed row
+    db = sqlite3.connect(tmp_path / "spool.sqlite3")
+    assert db.execute("SELECT seq, samples FROM batches").fetchall() == [(appended.seq, 3)]
+    db.close()
+    spool.close()
+
+
+# ---------------------------------------------------------------------- the agent process
+
+
+def test_full_spool_drops_oldest_batches_and_the_collector_learns_how_many(
+    tmp_path: Path, receiver_factory: Callable[..., Receiver], agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"] * 8)
+    receiver = receiver_factory(start=False)
+    agent = agent_factory(sim, [receiver.address], "--spool-max-bytes", "64KiB", "--metrics-listen", "127.0.0.1:0")
+    agent.wait_for_log("spool cap reached", timeout=30)
+    receiver.start()
+    agent.wait_for_log("streaming to collector")
+    time.sleep(1.5)
+    assert agent.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    first = min(batches)
+    assert first > 1, "the oldest batches were dropped"
+    # every dropped batch is counted in the AgentStats of the batches that did arrive
+    assert sum(b.stats.dropped_batches for b in batches.values()) == first - 1
+    assert sum(b.stats.dropped_samples for b in batches.values()) > 0
+    assert_no_loss_no_duplicates(batches, 0.1, 8, first_seq=first, check_gaps=False)
+    # the newest data survived: the samples that arrived run up to the stop
+    newest = max(s.time_unix_ns for b in batches.values() for s in b.gpu_samples)
+    assert time.time_ns() - newest < 15e9
+    dropped = int(agent.wait_for_log(r"(\d+) dropped by the spool cap").group(1))
+    assert dropped == sum(b.stats.dropped_samples for b in batches.values())
+
+
+def test_sigterm_without_a_collector_stops_after_the_grace_period_and_keeps_everything(
+    tmp_path: Path, receiver_factory: Callable[..., Receiver], agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["A100-SXM4-80GB"] * 2)
+    receiver = receiver_factory(start=False)
+    spool = tmp_path / "spool"
+    agent = agent_factory(sim, [receiver.address], "--grace", "3", spool=spool)
+    agent.wait_for_log("agent node-1")
+    time.sleep(2.5)
+    stop_ns = time.time_ns()
+    started = time.monotonic()
+    assert agent.terminate() == 0
+    took = time.monotonic() - started
+    assert 2.8 <= took <= 8, f"stopped {took:.1f} s after SIGTERM with --grace 3"
+    assert "stay in the spool for the next start" in agent.log()
+
+    receiver.start()
+    nxt = agent_factory(sim, [receiver.address], spool=spool)
+    nxt.wait_for_log("from a previous run")
+    wait_until(lambda: receiver.batches(), 10, what="the first batches")
+    time.sleep(1.5)
+    assert nxt.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    assert_no_loss_no_duplicates(batches, 0.1, 2, check_gaps=False)
+    first_run = sorted(s.time_unix_ns for b in batches.values() for s in b.gpu_samples if s.time_unix_ns < stop_ns)
+    # sampling stopped at SIGTERM and the last partial batch was spooled, not lost
+    assert stop_ns - first_run[-1] < 0.5e9
+    assert len(first_run) >= 2 * 10 * 2
+
+
+def test_sigterm_delivers_within_the_grace_period_when_the_collector_comes_back(
+    tmp_path: Path, receiver_factory: Callable[..., Receiver], agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["L4"] * 2)
+    receiver = receiver_factory(start=False)
+    agent = agent_factory(sim, [receiver.address], "--grace", "10", "--reconnect-max", "0.5")
+    agent.wait_for_log("agent node-1")
+    time.sleep(2)
+    assert agent.proc is not None
+    agent.proc.send_signal(15)
+    time.sleep(1.5)
+    receiver.start()
+    assert agent.proc.wait(15) == 0
+    assert "everything was delivered" in agent.log(), agent.log()
+    batches = unique_batches(receiver.batches())
+    assert_no_loss_no_duplicates(batches, 0.1, 2)
+    assert (
+        not (tmp_path / "spool" / "spool.sqlite3").exists()
+        or not sqlite3.connect(tmp_path / "spool" / "spool.sqlite3")
+        .execute("SELECT COUNT(*) FROM batches")
+        .fetchone()[0]
+    )
+
+
+def test_an_ack_read_while_its_batch_is_still_being_written_is_not_ignored(tmp_path: Path) -> None:
+    """A fast collector can ack a batch before the agent's ``write`` of it has returned (found by the
+    end-to-end test: the last batch of a stopping agent stayed spooled). The uplink must count such an
+    ack, not ignore it as one "beyond the last batch sent": acks are cumulative and never repeated.
+
+    The stream here answers every write with its ack and lets the reader run before the write returns,
+    which a real collector does only now and then."""
+
+    class EagerStream:
+        def __init__(self) -> None:
+            self.acks: asyncio.Queue[telemetry_pb2.StreamResponse] = asyncio.Queue()
+
+        async def write(self, data: bytes) -> None:
+            seq = telemetry_pb2.StreamRequest.FromString(data).batch.seq
+            await self.acks.put(telemetry_pb2.StreamResponse(ack=telemetry_pb2.Ack(durable_seq=seq)))
+            for _ in range(5):
+                await asyncio.sleep(0)  # the receiving task reads the ack meanwhile
+
+        async def read(self) -> telemetry_pb2.StreamResponse:
+            return await self.acks.get()
+
+    async def main() -> tuple[int, int]:
+        spool = AsyncSpool(Spool(tmp_path))
+        for _ in range(3):
+            await spool.append(batch(10), 10)
+        uplink = Uplink(UplinkSettings(targets=["collector:7447"]), spool, lambda _: telemetry_pb2.Hello(), Counters())
+        session = _Session("collector:7447", welcomed=True)
+        stream = EagerStream()
+        tasks = [
+            asyncio.create_task(uplink._send(stream, session)),
+            asyncio.create_task(uplink._receive(stream, session)),
+        ]
+        for _ in range(200):
+            if session.acked == 3:
+                break
+            await asyncio.sleep(0.01)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await uplink._delete_acked(force=True)
+        left = (await spool.state()).batches
+        await spool.close()
+        return session.acked, left
+
+    acked, left = asyncio.run(main())
+    assert acked == 3, "the acks of batches whose write was still awaited were ignored"
+    assert left == 0

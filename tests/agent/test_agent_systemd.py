@@ -1,0 +1,196 @@
+"""Running as a service: `gpuprobe install agent`, systemd-analyze, and sd_notify over a real socket."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from agent_helpers import AgentFactory, Receiver, clean_env, gpuprobe_command, machine
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def install(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*gpuprobe_command(), "install", "agent", *args], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+
+
+def test_install_writes_a_hardened_unit_that_systemd_analyze_accepts(tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.fail("systemd-analyze is missing: apt-get install systemd")
+    root = tmp_path / "root"
+    done = install("--collector", "collector-1:7447,collector-2:7447", "--root", str(root), "--cluster", "lab")
+    assert done.returncode == 0, done.stderr
+    unit = root / "etc/systemd/system/gpuprobe-agent.service"
+    config = root / "etc/gpuprobe/agent.toml"
+    sysusers = root / "etc/sysusers.d/gpuprobe-agent.conf"
+    assert "next steps" in done.stdout and "systemctl enable --now gpuprobe-agent" in done.stdout
+    text = unit.read_text()
+    for line in [
+        "Type=notify",
+        "WatchdogSec=30",
+        "Restart=on-failure",
+        "User=gpuprobe",
+        "StateDirectory=gpuprobe/agent",
+        "ProtectSystem=strict",
+        "NoNewPrivileges=yes",
+        "TimeoutStopSec=30",
+    ]:
+        assert line in text.splitlines(), f"{line} missing from the unit"
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.endswith("--config /etc/gpuprobe/agent.toml agent")
+    assert sysusers.read_text().startswith("u gpuprobe ")
+
+    # systemd's own verifier accepts the unit (its ExecStart binary exists on this machine)
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    complaints = [line for line in verify.stderr.splitlines() if "gpuprobe-agent.service" in line]
+    assert verify.returncode == 0 and not complaints, verify.stderr
+
+    # the config is what the agent reads: its keys are agent options and it validates
+    data = tomllib.loads(config.read_text())
+    assert data["agent"]["collector"] == ["collector-1:7447", "collector-2:7447"]
+    assert data["agent"]["spool"] == "/var/lib/gpuprobe/agent/spool"
+    check = subprocess.run(
+        [*gpuprobe_command(), "--config", str(config), "agent", "--check"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stderr
+    assert "collector-1:7447, collector-2:7447" in check.stdout and "cluster=lab" in check.stdout
+
+
+def test_install_with_a_broker_writes_the_control_plane_options_the_agent_accepts(tmp_path: Path) -> None:
+    from gpuprobe.control import keys
+
+    made = keys.generate(tmp_path / "keys", "operator")
+    root = tmp_path / "root"
+    done = install("--collector", "c1", "--root", str(root), "--broker", "mqtt://broker:1883", "--trusted-keys",
+                   str(made.public))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = tomllib.loads((root / "etc/gpuprobe/agent.toml").read_text())["agent"]
+    assert data["broker"] == "mqtt://broker:1883" and data["trusted_keys"] == [str(made.public)]
+    assert data["control_dir"] == "/var/lib/gpuprobe/agent/control"  # in the unit's StateDirectory
+    unit = (root / "etc/systemd/system/gpuprobe-agent.service").read_text()
+    assert "TimeoutStopSec=45" in unit.splitlines(), "the control plane stops first: 15 s more"
+    check = subprocess.run(
+        [*gpuprobe_command(), "--config", str(root / "etc/gpuprobe/agent.toml"), "agent", "--check"],
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    assert "collector        c1:7447" in check.stdout
+    assert f"control plane    broker mqtt://broker:1883; trusted keys {made.key_id}" in check.stdout
+    # the broker needs trusted keys, and broker options need the broker
+    refused = install("--collector", "c1", "--root", str(tmp_path / "r2"), "--broker", "mqtt://broker")
+    assert refused.returncode == 2 and "--trusted-keys" in refused.stderr
+    refused = install("--collector", "c1", "--root", str(tmp_path / "r3"), "--trusted-keys", str(made.public))
+    assert refused.returncode == 2 and "only apply with --broker" in refused.stderr
+    assert not (tmp_path / "r2").exists() and not (tmp_path / "r3").exists()
+
+
+def test_install_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert install("--collector", "c:1", "--root", str(root)).returncode == 0
+    config = root / "etc/gpuprobe/agent.toml"
+    config.write_text("# edited by the operator\n")
+    again = install("--collector", "other:2", "--root", str(root))
+    assert again.returncode == 1
+    assert "refusing to overwrite" in again.stderr and "--force" in again.stderr
+    assert config.read_text() == "# edited by the operator\n"
+    forced = install("--collector", "other:2", "--root", str(root), "--force")
+    assert forced.returncode == 0
+    assert "other:2" in config.read_text()
+
+
+def test_install_without_a_collector_is_an_error(tmp_path: Path) -> None:
+    done = install("--root", str(tmp_path))
+    assert done.returncode == 2 and "--collector" in done.stderr
+    assert not (tmp_path / "etc").exists()
+
+
+def test_deploy_examples_match_what_install_writes(tmp_path: Path) -> None:
+    """deploy/agent/ holds a rendered example; it must not drift from the installer."""
+    root = tmp_path / "root"
+    done = install(
+        "--collector", "collector.example.net:7447", "--root", str(root),
+        "--executable", "/usr/local/bin/gpuprobe", "--tls-ca", "/etc/gpuprobe/ca.pem",
+        "--tls-cert", "/etc/gpuprobe/agent.pem", "--tls-key", "/etc/gpuprobe/agent.key",
+        "--token-file", "/etc/gpuprobe/agent.token", "--cluster", "example",
+        "--broker", "mqtts://broker.example.net:8883", "--trusted-keys", "/etc/gpuprobe/operators",
+        "--mqtt-username", "example-node", "--mqtt-password-file", "/etc/gpuprobe/mqtt.password",
+        "--mqtt-ca", "/etc/gpuprobe/ca.pem",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (REPO / "deploy/agent/gpuprobe-agent.service").read_text() == (
+        root / "etc/systemd/system/gpuprobe-agent.service"
+    ).read_text()
+    assert (REPO / "deploy/agent/agent.toml").read_text() == (root / "etc/gpuprobe/agent.toml").read_text()
+
+
+def test_agent_notifies_ready_watchdog_status_and_stopping_on_a_real_notify_socket(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0.5)
+    messages: list[tuple[float, str]] = []
+
+    def collect(until: float) -> None:
+        while time.monotonic() < until:
+            try:
+                messages.append((time.monotonic(), sock.recv(4096).decode()))
+            except TimeoutError:
+                continue
+
+    try:
+        sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"] * 2)
+        started = time.monotonic()
+        agent = agent_factory(
+            sim, [receiver.address], env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"}
+        )  # pings every 0.5 s
+        collect(started + 5)
+        assert agent.proc is not None
+        agent.proc.send_signal(15)
+        collect(time.monotonic() + 2)
+        assert agent.proc.wait(15) == 0
+    finally:
+        sock.close()
+    texts = [m for _, m in messages]
+    ready = [i for i, m in enumerate(texts) if "READY=1" in m.splitlines()]
+    assert len(ready) == 1, texts
+    assert "STATUS=sampling 2 GPUs at 10 Hz" in texts[ready[0]]
+    pings = [t for t, m in messages if m == "WATCHDOG=1"]
+    assert len(pings) >= 5, texts
+    gaps = [round(b - a, 2) for a, b in itertools.pairwise(pings)]
+    assert max(gaps) < 1.5, f"pinged about every WATCHDOG_USEC/2 (0.5 s): {gaps}"
+    assert any(m.startswith("STATUS=2 GPUs at 10 Hz; streaming to") for m in texts), texts
+    stopping = [i for i, m in enumerate(texts) if m == "STOPPING=1"]
+    assert stopping and stopping[0] > ready[0]
+
+
+def test_agent_without_notify_socket_runs_normally(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["L4"])
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    assert "NOTIFY_SOCKET" not in os.environ
+    assert agent.terminate() == 0
+
+
+def test_docs_describe_every_agent_option() -> None:
+    from gpuprobe.agent.cli import AGENT_OPTIONS
+
+    text = (REPO / "docs/agent.md").read_text()
+    missing = [o.flag for o in AGENT_OPTIONS if f"`{o.flag}`" not in text or f"`{o.env_var}`" not in text]
+    assert not missing, f"docs/agent.md does not describe {missing}"

@@ -1,0 +1,289 @@
+"""Failures with real processes and real signals: the collector killed with SIGKILL mid-stream, InfluxDB
+stopped for 60 s, a SIGTERM, several worker processes on one port. Nothing lost, nothing duplicated."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from collector_helpers import CollectorProcess, collector_config, running, wait_until
+from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
+from gpuprobe.collector.sink import SinkSettings
+
+from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
+from gpuprobe.devservices.ports import free_port
+from gpuprobe.v1 import telemetry_pb2
+
+Sent = dict[str, list[telemetry_pb2.GpuSample]]
+
+
+class Fleet:
+    """Synthetic agents that produce a batch every ``period_s`` until stopped, remembering every sample."""
+
+    def __init__(
+        self, target: str, hosts: list[str], gpus: int = 4, samples_per_gpu: int = 5, period_s: float = 0.05
+    ) -> None:
+        self.agents = [
+            SyntheticAgent(target, AgentSpec(host, gpus=gpus), window=8, reconnect_initial_s=0.1, reconnect_max_s=0.5)
+            for host in hosts
+        ]
+        self.sent: Sent = {host: [] for host in hosts}
+        self.samples_per_gpu = samples_per_gpu
+        self.period_s = period_s
+        self._tasks: list[asyncio.Task[None]] = []
+        self._producer: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(agent.run()) for agent in self.agents]
+        self._producer = asyncio.create_task(self._produce())
+
+    async def _produce(self) -> None:
+        while True:
+            for agent in self.agents:
+                batch = agent.factory.batch(samples_per_gpu=self.samples_per_gpu)
+                self.sent[agent.spec.host].extend(
+                    telemetry_pb2.GpuSample.FromString(s.SerializeToString()) for s in batch.gpu_samples
+                )
+                agent.enqueue(batch)
+            await asyncio.sleep(self.period_s)
+
+    async def finish(self, timeout_s: float = 60.0) -> None:
+        assert self._producer is not None
+        self._producer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._producer
+        for agent in self.agents:
+            await agent.close(timeout_s)
+        await asyncio.gather(*self._tasks)
+
+    @property
+    def total(self) -> int:
+        return sum(len(samples) for samples in self.sent.values())
+
+
+def assert_exactly_once(influx: InfluxDBServer, db: str, sent: Sent) -> None:
+    rows: dict[tuple[str, str, int], dict[str, object]] = {}
+    for series in influx.query(db, 'SELECT * FROM gpu GROUP BY "host", "gpu"'):
+        for row in series.rows():
+            rows[(str(row["host"]), str(row["gpu"]), int(str(row["time"])))] = row
+    expected = {(host, str(s.gpu_index), s.time_unix_ns): s for host, samples in sent.items() for s in samples}
+    assert len(expected) == sum(len(s) for s in sent.values())  # the agents never repeat a timestamp
+    assert set(rows) == set(expected), (
+        f"missing {len(set(expected) - set(rows))}, extra {len(set(rows) - set(expected))}"
+    )
+    for key, sample in expected.items():
+        row = rows[key]
+        assert (
+            row["power_w"] == sample.power_w
+            and row["energy_j"] == sample.energy_j
+            and row["mem_used_bytes"] == sample.mem_used_bytes
+        )
+
+
+async def wait_stored(influx: InfluxDBServer, db: str, count: int, timeout_s: float) -> None:
+    def stored() -> int:
+        series = influx.query(db, "SELECT count(power_w) FROM gpu")
+        return int(series[0].values[0][1]) if series else 0
+
+    deadline = time.monotonic() + timeout_s
+    while (got := await asyncio.to_thread(stored)) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {got} of {count} samples stored after {timeout_s} s")
+        await asyncio.sleep(0.2)
+
+
+def test_collector_killed_with_sigkill_mid_stream_and_restarted_loses_and_duplicates_nothing(
+    influxdb: InfluxDBDatabase, tmp_path: Path, collector_process: Callable[..., CollectorProcess]
+) -> None:
+    metrics_port = free_port()
+    process = collector_process(
+        "--insecure",
+        "--influx-url", influxdb.server.url,
+        "--influx-db", influxdb.name,
+        "--wal", str(tmp_path / "wal"),
+        "--sink-max-backoff-s", "0.5",
+        "--metrics-listen", f"127.0.0.1:{metrics_port}",
+    )  # fmt: skip
+    process.start()
+    fleet = Fleet(f"127.0.0.1:{process.port}", ["node-1", "node-2", "node-3"])
+
+    async def scenario() -> None:
+        fleet.start()
+        await asyncio.sleep(1.5)
+        acked_before = [agent.acked_seq for agent in fleet.agents]
+        process.kill()  # SIGKILL: no chance to flush or say goodbye
+        await asyncio.sleep(0.7)  # the agents keep spooling and try to reconnect
+        await asyncio.to_thread(process.start)
+        await asyncio.sleep(1.5)
+        await fleet.finish()
+        assert all(agent.acked_seq > before for agent, before in zip(fleet.agents, acked_before, strict=True))
+        for agent in fleet.agents:
+            assert agent.streams >= 2 and agent.errors  # each one lost its stream and came back
+            # transport errors only: nothing the agent did was refused
+            refusals = {
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.PERMISSION_DENIED,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            }
+            assert not {e.code for e in agent.errors} & refusals
+        await wait_stored(influxdb.server, influxdb.name, fleet.total, 30)
+
+    asyncio.run(scenario())
+    assert_exactly_once(influxdb.server, influxdb.name, fleet.sent)
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    assert "gpuprobe_collector_wal_queued_lines 0.0" in metrics
+    assert process.terminate() == 0
+
+
+@pytest.mark.slow
+def test_influxdb_stopped_for_60_s_mid_stream_the_wal_grows_then_drains_and_nothing_is_lost(
+    private_influxdb: InfluxDBServer, tmp_path: Path
+) -> None:
+    private_influxdb.create_database("outage")
+    config = collector_config(
+        tmp_path,
+        private_influxdb.url,
+        "outage",
+        sink=SinkSettings(linger_s=0.05, backoff_initial_s=0.2, backoff_max_s=2.0),
+    )
+    depth: list[tuple[float, int]] = []
+
+    async def scenario() -> None:
+        async with running(config) as collector:
+            fleet = Fleet(
+                f"127.0.0.1:{collector.port}", ["rack-1", "rack-2", "rack-3"], gpus=8, samples_per_gpu=10, period_s=0.5
+            )
+            fleet.start()
+            await asyncio.sleep(2.0)
+            await asyncio.to_thread(private_influxdb.stop)
+            outage_started = time.monotonic()
+            acked_at_stop = [agent.acked_seq for agent in fleet.agents]
+            while time.monotonic() - outage_started < 60.0:
+                depth.append((time.monotonic() - outage_started, collector.wal.depth_lines))
+                await asyncio.sleep(1.0)
+            # acks went on during the outage: the batches were durable in the WAL
+            assert all(
+                agent.acked_seq > at_stop + 100 for agent, at_stop in zip(fleet.agents, acked_at_stop, strict=True)
+            )
+            assert collector.metrics.value("gpuprobe_collector_sink_up") == 0
+            peak = collector.wal.depth_lines
+            await asyncio.to_thread(private_influxdb.start)
+            await asyncio.sleep(2.0)
+            await fleet.finish()
+            await wait_until(lambda: collector.wal.depth_lines == 0, 60, "the WAL to drain")
+            assert collector.metrics.value("gpuprobe_collector_sink_up") == 1
+            assert all(not agent.errors for agent in fleet.agents)
+            assert peak >= 3 * 8 * 10 * 100  # ~120 batches per agent waited in the WAL
+            await wait_stored(private_influxdb, "outage", fleet.total, 30)
+            assert_exactly_once(private_influxdb, "outage", fleet.sent)
+
+    asyncio.run(scenario())
+    growth = [lines for _, lines in depth]
+    assert growth == sorted(growth) and growth[-1] > growth[0]
+
+
+def test_sigterm_acks_what_is_durable_ends_streams_with_unavailable_and_keeps_the_wal(
+    influxdb: InfluxDBDatabase, tmp_path: Path, collector_process: Callable[..., CollectorProcess]
+) -> None:
+    dead_influx = f"http://127.0.0.1:{free_port()}"
+    common = ["--insecure", "--influx-db", influxdb.name, "--wal", str(tmp_path / "wal"), "--sink-max-backoff-s", "0.3"]
+    first = collector_process(*common, "--influx-url", dead_influx)
+    first.start()
+    fleet = Fleet(f"127.0.0.1:{first.port}", ["term-1"], gpus=2)
+
+    async def scenario() -> None:
+        fleet.start()
+        await asyncio.sleep(1.0)
+        code = await asyncio.to_thread(first.terminate)
+        assert code == 0
+        assert "stopping: ending agent streams" in first.log()
+        assert any(e.code == grpc.StatusCode.UNAVAILABLE for e in fleet.agents[0].errors)
+        second = collector_process(*common, "--influx-url", influxdb.server.url, port=first.port)
+        await asyncio.to_thread(second.start)
+        await fleet.finish()
+        await wait_stored(influxdb.server, influxdb.name, fleet.total, 30)
+
+    asyncio.run(scenario())
+    assert_exactly_once(influxdb.server, influxdb.name, fleet.sent)
+
+
+def test_workers_share_one_port_each_with_its_own_wal_and_metrics(
+    influxdb: InfluxDBDatabase, tmp_path: Path, collector_process: Callable[..., CollectorProcess]
+) -> None:
+    metrics_port = free_port()
+    process = collector_process(
+        "--insecure",
+        "--workers", "2",
+        "--influx-url", influxdb.server.url,
+        "--influx-db", influxdb.name,
+        "--wal", str(tmp_path / "wal"),
+        "--metrics-listen", f"127.0.0.1:{metrics_port}",
+    )  # fmt: skip
+    process.start()
+    fleet = Fleet(f"127.0.0.1:{process.port}", [f"w-{i}" for i in range(6)], gpus=2)
+
+    async def scenario() -> None:
+        fleet.start()
+        await asyncio.sleep(1.0)
+        await fleet.finish()
+        await wait_stored(influxdb.server, influxdb.name, fleet.total, 30)
+
+    asyncio.run(scenario())
+    assert_exactly_once(influxdb.server, influxdb.name, fleet.sent)
+    assert sorted(p.name for p in (tmp_path / "wal").glob("*.sqlite")) == ["collector-0.sqlite", "collector-1.sqlite"]
+    streams = 0.0
+    for worker in range(2):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port + worker}/metrics", timeout=5).read().decode()
+        streams += sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("gpuprobe_collector_streams_ended_total{")
+        )
+    assert streams == 6
+    assert process.proc is not None
+    process.proc.send_signal(signal.SIGTERM)
+    assert process.proc.wait(20) == 0
+
+
+def test_plaintext_without_insecure_refuses_to_start(
+    tmp_path: Path, collector_process: Callable[..., CollectorProcess]
+) -> None:
+    process = collector_process("--wal", str(tmp_path / "wal"))
+    with pytest.raises(AssertionError, match="refusing to serve agents over plaintext"):
+        process.start(timeout_s=20)
+    assert process.proc is not None and process.proc.returncode == 2
+
+
+def test_influx_and_collector_options_come_from_toml_and_environment(tmp_path: Path) -> None:
+    from gpuprobe.collector.cli import config_from_options
+
+    from gpuprobe.cli import all_commands, build_parser
+    from gpuprobe.config import load_file, resolve
+
+    config_file = tmp_path / "collector.toml"
+    config_file.write_text(
+        '[collector]\ninsecure = true\ninflux_db = "from_file"\nworkers = 3\nlisten = "127.0.0.1:9999"\n'
+    )
+    commands = {c.name: c for c in all_commands()}
+    args = build_parser(list(commands.values())).parse_args(["collector", "--workers", "2"])
+    values = resolve(
+        "collector",
+        commands["collector"].options,
+        args,
+        load_file(config_file),
+        config_file,
+        {"GPUPROBE_INFLUX_RP": "env_rp"},
+    )
+    config = config_from_options(values)
+    assert (config.influx.database, config.influx.retention_policy, config.workers) == ("from_file", "env_rp", 2)
+    assert replace(config, workers=1).listen == "127.0.0.1:9999"

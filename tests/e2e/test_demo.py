@@ -1,0 +1,69 @@
+"""`gpuprobe demo` (what `make demo` runs): the whole system ends in a report that opens in a browser,
+a summary table on the terminal, and nothing left running or lying around."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gpuprobe.devservices.browser import screenshot
+
+pytestmark = pytest.mark.slow
+
+
+def demo_processes() -> set[int]:
+    """Processes whose command line names a demo working directory (InfluxDB, agents, collector...)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if b"gpuprobe-demo-" in (proc / "cmdline").read_bytes():
+                    found.add(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
+    workdirs_before = set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*"))
+    processes_before = demo_processes()
+    out = tmp_path / "report"
+    phases = ["--idle", "8", "--steady", "30", "--cooldown", "20", "--start-in", "30"]
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuprobe", "demo", "--out", str(out), *phases],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    # progress while it runs, then the results and the summary table
+    assert "both agents are online" in result.stderr
+    assert "node-a" in result.stdout and "node-b" in result.stdout
+    summary = result.stdout[result.stdout.index("R_th") :]
+    gpu_rows = [line for line in summary.splitlines() if line.startswith(("node-a ", "node-b ")) and "all" not in line]
+    assert len(gpu_rows) == 8
+    report_line = next(line for line in result.stdout.splitlines() if line.startswith("report: "))
+    html = Path(report_line.removeprefix("report: "))
+    assert html.parent == out and html.exists()
+
+    # every GPU got a thermal fit close to its profile's ground truth (docs/simulator.md)
+    numbers = json.loads(html.with_suffix(".json").read_text())
+    assert len(numbers["gpus"]) == 8
+    truth = {"NVIDIA H100 80GB HBM3": 0.07, "NVIDIA A100-SXM4-80GB": 0.11, "NVIDIA L4": 0.70}
+    for gpu in numbers["gpus"]:
+        if gpu["model"] in truth:
+            r_th = gpu["thermal"]["rc"]["r_th_c_per_w"]
+            assert abs(r_th - truth[gpu["model"]]) / truth[gpu["model"]] < 0.1, (gpu["model"], r_th)
+
+    png = tmp_path / "report.png"
+    shot = screenshot(html, png)
+    assert shot.returncode == 0 and png.stat().st_size > 50_000, shot.stderr[-2000:]
+
+    # it cleans up after itself
+    assert set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*")) == workdirs_before
+    assert demo_processes() - processes_before == set()

@@ -1,0 +1,348 @@
+"""The whole system, all real: three agents -> one collector -> InfluxDB, and a fleet probe over MQTT.
+
+Issues 3 (agent), 4 (collector) and 5 (trainer and probes) fit together only if this passes:
+
+- a real InfluxDB (a fresh database on the session's server), a real Mosquitto, one collector
+  process (``gpuprobe collector --insecure``), three ``gpuprobe agent --broker`` processes, each
+  under its own simulated machine (``gpuprobe sim run``) with two GPUs of mixed profiles and its own
+  host name, and the operator's own commands (``probe keygen``, ``probe start``, ``probe results``);
+- (a) a signed resnet50 probe is accepted by all three agents and ``probe results`` lists all three;
+- (b) InfluxDB holds the probe's ``trainer`` points (probe tag) and ``probe`` phase points for every
+  host, ``gpu`` points for every host and GPU, and the stored ``power_w`` / ``temp_c`` of every GPU
+  rise from the idle baseline to the steady phase (the simulated GPUs followed the trainers); every
+  stored field and tag is in docs/schema.md with the type written there;
+- (c) every sample is stored exactly once (see ``test_every_sample_is_stored_exactly_once``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpuprobe.sim.profiles import PROFILES
+
+from gpuprobe.devservices import InfluxDBDatabase, MosquittoServer
+from gpuprobe.devservices.ports import free_port
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+INTERVAL_S = 0.1  # the agents' default sampling interval (10 Hz)
+NODES = {  # host -> its simulated GPUs (mixed: passive datacenter parts, a fan-cooled RTX 4090)
+    "node-1": ["H100-SXM5-80GB", "L4"],
+    "node-2": ["A100-SXM4-80GB", "RTX-4090"],
+    "node-3": ["L4", "H100-SXM5-80GB"],
+}
+PHASES = {"idle_baseline": 4.0, "warmup": 2.0, "duration": 20.0, "cooldown": 3.0}
+START_IN_S = 35.0  # six trainers import torch and build ResNet-50 on two shared cores meanwhile
+STOPPED = re.compile(
+    r"stopped: (\d+) samples taken, (\d+) spooled, (\d+) acknowledged, (\d+) dropped by the spool cap;"
+    r" everything was delivered"
+)
+
+
+def gpuprobe_command() -> list[str]:
+    script = Path(sys.executable).parent / "gpuprobe"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuprobe"]
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROBE_", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    env["GPUPROBE_THREADS"] = "1"  # the trainers: one torch thread each
+    return env
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class Proc:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class System:
+    """Every process the test started (and stops, by pid)."""
+
+    tmp: Path
+    procs: list[Proc]
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        log_path = self.tmp / f"{name}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(argv, env=env or clean_env(), stdout=log, stderr=subprocess.STDOUT)
+        started = Proc(name, proc, log_path)
+        self.procs.append(started)
+        return started
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.log()[-6000:]}" for p in self.procs)
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.alive():
+                p.proc.kill()
+                p.proc.wait(10)
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[System]:
+    made = System(tmp_path, [])
+    try:
+        yield made
+    finally:
+        made.stop_all()
+
+
+def run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*gpuprobe_command(), *args], env=clean_env(), capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+def documented(measurement: str) -> tuple[dict[str, str], set[str]]:
+    """docs/schema.md's fields (name -> type) of one measurement, and the tags it names for it: the
+    agent's tags and every name in backticks before the section's field table."""
+    text = (REPO / "docs/schema.md").read_text()
+    match = re.search(rf"^## `{measurement}`.*?(?=^## )", text, re.S | re.M)
+    assert match, f"docs/schema.md has no section for {measurement}"
+    body = match.group(0)
+    fields = dict(re.findall(r"^\| `([a-z0-9_<>]+)` \| (float|integer|boolean|string) \|", body, re.M))
+    head = body[: body.index("| field |")]
+    tags = {"host", "cluster", "cloud", "instance_type", "region", "virt"} | set(re.findall(r"`([a-z_]+)`", head))
+    return fields, tags
+
+
+def influx_rows(db: InfluxDBDatabase, query: str) -> list[dict[str, Any]]:
+    return [row for series in db.query(query) for row in series.rows()]
+
+
+def mean(values: list[float]) -> float:
+    assert values, "no stored values in that window"
+    return sum(values) / len(values)
+
+
+def test_three_agents_a_collector_and_a_probe_fit_together(
+    tmp_path: Path, system: System, influxdb: InfluxDBDatabase, mqtt_broker: MosquittoServer
+) -> None:
+    broker = mqtt_broker.url
+    cluster = f"e2e-{uuid.uuid4().hex[:6]}"  # the session's broker may hold other tests' agents
+    port = free_port()
+    collector = system.start(
+        "collector",
+        [
+            *gpuprobe_command(), "collector", "--insecure", "--listen", f"127.0.0.1:{port}",
+            "--influx-url", influxdb.server.url, "--influx-db", influxdb.name, "--wal", str(tmp_path / "wal"),
+            "--sink-linger-s", "0.2",
+        ],
+    )  # fmt: skip
+    keygen = run("probe", "keygen", "--out", str(tmp_path / "keys"))
+    assert keygen.returncode == 0, keygen.stderr
+    public, private = tmp_path / "keys/operator.pub", tmp_path / "keys/operator.key"
+
+    agents = {}
+    for host, profiles in NODES.items():
+        agents[host] = system.start(
+            host,
+            [
+                *gpuprobe_command(), "sim", "run", "--profile", ",".join(profiles),
+                "--state-dir", str(tmp_path / host / "sim"), "--",
+                *gpuprobe_command(), "--log-level", "info", "agent", "--host", host, "--cluster", cluster,
+                "--collector", f"127.0.0.1:{port}", "--broker", broker, "--trusted-keys", str(public),
+                "--spool", str(tmp_path / host / "spool"), "--presence-interval", "2",
+                "--mqtt-reconnect-max", "1", "--reconnect-max", "1",
+            ],
+        )  # fmt: skip
+
+    def online() -> bool:
+        for p in [collector, *agents.values()]:
+            assert p.alive(), f"{p.name} exited ({p.proc.returncode})\n{system.logs()}"
+        done = run("fleet", "--broker", broker, "--json")
+        # online, and the presence shows the agent's uplink to the collector (the agent's status)
+        hosts = {
+            p["host"] for p in json.loads(done.stdout or "[]") if p.get("state") == "online" and p["uplink_connected"]
+        }
+        return set(NODES) <= hosts
+
+    wait_until(online, 60, "three agents online on the broker and streaming to the collector", 1.0)
+    fleet = {p["host"]: p for p in json.loads(run("fleet", "--broker", broker, "--json").stdout)}
+    for host, profiles in NODES.items():
+        # the presence comes from the agent itself: its GPUs, its identity, its uplink
+        assert [g["name"] for g in fleet[host]["gpus"]] == [PROFILES[p].nvml_name for p in profiles]
+        assert fleet[host]["cluster"] == cluster
+
+    # (a) the operator starts a signed probe; all three accept it and report their results
+    probe_id = f"p-e2e-{uuid.uuid4().hex[:6]}"
+    started = run(
+        "probe", "start", "--broker", broker, "--key", str(private), "--probe-id", probe_id,
+        "--workload", "resnet50", "--size", "tiny", "--duration", f"{PHASES['duration']:g}",
+        "--idle-baseline", f"{PHASES['idle_baseline']:g}", "--warmup", f"{PHASES['warmup']:g}",
+        "--cooldown", f"{PHASES['cooldown']:g}", "--start-in", f"{START_IN_S:g}s", "--nodes", f"cluster={cluster}",
+        "--json",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr + system.logs()
+    replies = json.loads(started.stdout)["replies"]
+    assert sorted(r["host"] for r in replies if r["accepted"]) == sorted(NODES), replies
+
+    done = run("probe", "results", probe_id, "--broker", broker, "--json", "--wait", "90", timeout_s=150)
+    assert done.returncode == 0, done.stdout + done.stderr + system.logs()
+    results = {r["host"]: r for r in json.loads(done.stdout)["results"]}
+    assert set(results) == set(NODES)
+    for r in results.values():
+        assert r["status"] == "succeeded", r
+        assert sorted(g["gpu_index"] for g in r["gpus"]) == [0, 1]
+        # computed from the agent's own GPU samples (one NVML reader per node)
+        assert r["total"]["energy_j"] > 0 and r["total"]["mean_power_w"] > 0, r
+    table = run("probe", "results", probe_id, "--broker", broker)
+    assert table.returncode == 0 and all(host in table.stdout for host in NODES)
+
+    # every agent stops cleanly: the control plane first (OFFLINE), then it delivers what it spooled
+    for a in agents.values():
+        a.proc.send_signal(signal.SIGTERM)
+    taken: dict[str, int] = {}
+    for host, a in agents.items():
+        assert a.proc.wait(60) == 0, a.log()[-6000:]
+        match = STOPPED.search(a.log())
+        assert match, f"{host} did not deliver everything:\n{a.log()[-4000:]}"
+        n_taken, spooled, acked, dropped = map(int, match.groups())
+        assert n_taken == spooled == acked and dropped == 0, match.group(0)
+        assert "refused" not in a.log(), f"{host}: the collector or the agent refused something:\n{a.log()}"
+        taken[host] = n_taken
+    offline = {p["host"]: p["state"] for p in json.loads(run("fleet", "--broker", broker, "--json").stdout)}
+    assert all(offline[h] == "offline" for h in NODES), offline
+
+    # the collector writes its WAL into InfluxDB: wait until every point of every host is there
+    measurements = ("gpu", "node", "acoustic", "trainer", "probe")
+    required = {"gpu": "power_w", "node": "cpu_pct", "acoustic": "est_dba", "trainer": "step", "probe": "kind"}
+
+    def stored() -> dict[str, dict[str, int]]:
+        counts: dict[str, dict[str, int]] = {h: {} for h in NODES}
+        for m in measurements:
+            for row in influx_rows(influxdb, f'SELECT count("{required[m]}") FROM "{m}" GROUP BY "host"'):
+                if row["host"] in counts:
+                    counts[row["host"]][m] = int(row["count"])
+        return counts
+
+    def complete() -> dict[str, dict[str, int]] | None:
+        counts = stored()
+        return counts if all(sum(counts[h].values()) >= taken[h] for h in NODES) else None
+
+    try:
+        counts = wait_until(complete, 30, "every sample in InfluxDB", 0.5)
+    except AssertionError:
+        raise AssertionError(f"stored {stored()} of {taken}\n{collector.log()[-4000:]}") from None
+
+    # (c) exactly once: see the comment of check_exactly_once
+    check_exactly_once(influxdb, counts, taken)
+
+    # (b) the probe's trainer and probe points, and the GPUs following the phases
+    trainer = influx_rows(
+        influxdb,
+        f'SELECT "step", "phase", "samples_per_s" FROM "trainer" WHERE "probe" = \'{probe_id}\''
+        ' GROUP BY "host", "gpu", "workload", "cluster"',
+    )
+    assert {(r["host"], r["gpu"]) for r in trainer} == {(h, g) for h in NODES for g in ("0", "1")}
+    assert {r["workload"] for r in trainer} == {"resnet50"} and {r["cluster"] for r in trainer} == {cluster}
+    for host in NODES:
+        steady = [r for r in trainer if r["host"] == host and r["phase"] == "steady"]
+        assert steady and max(r["step"] for r in steady) > 0 and any(r["samples_per_s"] for r in steady)
+
+    events = influx_rows(
+        influxdb, f'SELECT "kind", "phase", "status" FROM "probe" WHERE "probe" = \'{probe_id}\' GROUP BY "host"'
+    )
+    for host in NODES:
+        mine = [e for e in events if e["host"] == host]
+        phases = [e["phase"] for e in mine]
+        assert {"idle", "warmup", "steady", "cooldown", "done"} <= set(phases), phases
+        assert any(e["kind"] == "end" and e["status"] == "succeeded" for e in mine), mine
+        # the phase boundaries, as the trainers stored them (the first trainer's: they are synchronized)
+        start = {p: min(e["time"] for e in mine if e["phase"] == p) for p in ("idle", "warmup", "steady", "cooldown")}
+        for gpu, profile in enumerate(NODES[host]):
+            readings = influx_rows(
+                influxdb,
+                f'SELECT "power_w", "temp_c" FROM "gpu" WHERE "host" = \'{host}\' AND "gpu" = \'{gpu}\''
+                f" AND time >= {start['idle']} AND time < {start['cooldown']}",
+            )
+            # power_w is a 1 s average on newer GPUs: leave its first second out of each window
+            idle = [r for r in readings if start["idle"] + 1e9 <= r["time"] < start["warmup"]]
+            load = [r for r in readings if start["steady"] + 1.5e9 <= r["time"]]
+            idle_w, load_w = mean([r["power_w"] for r in idle]), mean([r["power_w"] for r in load])
+            idle_c, load_c = mean([r["temp_c"] for r in idle]), max(r["temp_c"] for r in load)
+            where = f"{host} GPU {gpu} ({profile})"
+            assert idle_w == pytest.approx(PROFILES[profile].idle_w, rel=0.25), (where, idle_w)
+            assert load_w > 1.5 * idle_w, (where, idle_w, load_w)
+            assert load_c > idle_c + 4, (where, idle_c, load_c)
+
+    # every stored field and tag is documented in docs/schema.md, with the type written there
+    types = {"float": "float", "integer": "integer", "boolean": "boolean", "string": "string"}
+    for m in (*measurements, "agent"):
+        fields, tags = documented(m)
+        for row in influx_rows(influxdb, f'SHOW FIELD KEYS FROM "{m}"'):
+            name = row["fieldKey"]
+            key = "hwmon_<sensor>_c" if name.startswith("hwmon_") else name
+            assert fields.get(key) == types[row["fieldType"]], f"{m}.{name} ({row['fieldType']}) vs docs/schema.md"
+        stored_tags = {row["tagKey"] for row in influx_rows(influxdb, f'SHOW TAG KEYS FROM "{m}"')}
+        assert stored_tags <= tags, f"{m}: tags {stored_tags - tags} are not in docs/schema.md"
+
+
+def check_exactly_once(db: InfluxDBDatabase, counts: dict[str, dict[str, int]], taken: dict[str, int]) -> None:
+    """Every sample an agent took is stored once: none lost, none doubled. Three checks that each fail
+    on a kind of error the others could miss:
+
+    1. Per host, the points stored in gpu + node + acoustic + trainer + probe equal the number of
+       samples the agent says it took (its own counter, ``samples_taken``, in its final log line;
+       each sample is exactly one point, and the agent spooled and had acknowledged every one).
+       A lost batch, anywhere in the run (also the first or the last), makes the sum smaller; a
+       replay that changed a tag (so it does not overwrite itself) makes it larger.
+    2. Per (host, GPU) there is one series and no timestamp twice (a replay stored as a second point).
+    3. Per (host, GPU), the count matches 10 Hz over the time covered: ``count + missed - 1`` ticks
+       span ``(last - first) / interval`` (``missed`` = ticks the agent skipped and reported in the
+       ``agent`` measurement). A tick runs at most half an interval late (later ones are skipped and
+       counted), so the two differ by less than one tick unless samples were lost in the middle or
+       taken twice (10 samples per GPU for one lost 1 s batch: far outside the bound). Both GPUs of a
+       node are read on every tick, so their counts are equal.
+    """
+    for host in taken:
+        assert sum(counts[host].values()) == taken[host], (host, counts[host], taken[host])
+        missed_rows = influx_rows(db, f'SELECT sum("missed_ticks") FROM "agent" WHERE "host" = \'{host}\'')
+        missed = int(missed_rows[0]["sum"] or 0) if missed_rows else 0
+        per_gpu: dict[str, int] = {}
+        for gpu in ("0", "1"):
+            series = db.query(f'SELECT "power_w" FROM "gpu" WHERE "host" = \'{host}\' AND "gpu" = \'{gpu}\' GROUP BY *')
+            assert len(series) == 1, (
+                f"{host} GPU {gpu}: {len(series)} series (a tag changed): {[s.tags for s in series]}"
+            )
+            times = [row[0] for row in series[0].values]
+            assert len(times) == len(set(times)), f"{host} GPU {gpu}: a timestamp is stored twice"
+            ticks = (max(times) - min(times)) / (INTERVAL_S * 1e9)
+            assert abs(len(times) + missed - 1 - ticks) < 1.0, (host, gpu, len(times), missed, ticks)
+            per_gpu[gpu] = len(times)
+        assert per_gpu["0"] == per_gpu["1"], (host, per_gpu)
+        assert per_gpu["0"] == counts[host]["gpu"] / 2

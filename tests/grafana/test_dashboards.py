@@ -1,0 +1,169 @@
+"""Every query of every shipped dashboard runs against a real InfluxDB holding a probe's data.
+
+The data: two simulated nodes through a probe (tests/model/simprobe.py) plus the `model` points that
+`gpuprobe.model.run` wrote for it. Grafana's substitutions are done the way Grafana does them for the
+InfluxDB data source: a template variable inside ``/^$var$/`` becomes ``(v1|v2)`` of its values
+(regex-escaped as Grafana's ``escapeRegex``), ``$timeFilter`` becomes ``time >= Nms and time <= Nms``
+and ``$__interval`` the data source's minimum interval (1 s). Variable values come from the
+variables' own ``SHOW TAG VALUES`` queries against the same database.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpuprobe.model import grafana
+from simprobe import ProbeRun
+
+from gpuprobe.devservices import InfluxDBError
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
+PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
+VARIABLE = re.compile(r"\$(\w+)")
+GRAFANA_REGEX_SPECIALS = re.compile(r"[\\^$*+?.()|\[\]{}/]")
+
+
+def load_dashboards() -> dict[str, dict[str, Any]]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
+
+
+def panels_of(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for panel in dashboard["panels"]:
+        out.append(panel)
+        out.extend(panel.get("panels", []))  # collapsed rows
+    return out
+
+
+def queries_of(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, query) of every panel target and annotation."""
+    found = []
+    for panel in panels_of(dashboard):
+        for t in panel.get("targets", []):
+            found.append((f"panel {panel['title']!r} target {t['refId']}", t["query"]))
+    for a in dashboard.get("annotations", {}).get("list", []):
+        if "query" in a:
+            found.append((f"annotation {a['name']!r}", a["query"]))
+    return found
+
+
+def escape_regex(value: str) -> str:
+    return GRAFANA_REGEX_SPECIALS.sub(lambda m: "\\" + m.group(0), value)
+
+
+def substitute(query: str, values: dict[str, list[str]], time_filter: str) -> str:
+    text = query.replace("$timeFilter", time_filter).replace("$__interval", "1s")
+    for name, chosen in values.items():
+        text = text.replace(f"/^${name}$/", "/^(" + "|".join(escape_regex(v) for v in chosen) + ")$/")
+    left = VARIABLE.findall(text)
+    assert not left, f"unsubstituted variables {left} in {query}"
+    return text
+
+
+def non_empty(series: list[Any]) -> bool:
+    """At least one value that is not the time and not null (fill(null) intervals alone do not count)."""
+    for s in series:
+        for row in s.values:
+            for column, value in zip(s.columns, row, strict=True):
+                if column != "time" and value is not None:
+                    return True
+    return False
+
+
+def variable_combinations(dashboard: dict[str, Any], run: ProbeRun, time_filter: str) -> list[dict[str, list[str]]]:
+    """Every choice Grafana allows that matters: multi-value variables get all their values (All),
+    single-value ones each of their values in turn."""
+    options: list[list[tuple[str, list[str]]]] = []
+    resolved: dict[str, list[str]] = {}
+    for var in dashboard["templating"]["list"]:
+        query = substitute(var["query"], resolved, time_filter)
+        answer = run.server.query(run.db, query)
+        values = sorted({str(row[1]) for s in answer for row in s.values})
+        assert values, f"variable ${var['name']} has no values: {query}"
+        resolved[var["name"]] = values
+        if var["multi"]:
+            options.append([(var["name"], values)])
+        else:
+            options.append([(var["name"], [v]) for v in values])
+    return [dict(combo) for combo in itertools.product(*options)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(grafana.DASHBOARDS))
+def test_every_panel_query_returns_data(name: str, modelled_probe: ProbeRun) -> None:
+    run = modelled_probe
+    dashboard = load_dashboards()[name]
+    from_ms, to_ms = run.start_ns // 10**6 - 60_000, run.end_ns // 10**6 + 60_000
+    time_filter = f"time >= {from_ms}ms and time <= {to_ms}ms"
+    combos = variable_combinations(dashboard, run, time_filter)
+    empty = []
+    for where, query in queries_of(dashboard):
+        answers = []
+        for values in combos:
+            text = substitute(query, values, time_filter)
+            try:
+                answers.append(non_empty(run.server.query(run.db, text)))
+            except InfluxDBError as e:
+                pytest.fail(f"{name}: {where} fails with {values}: {e}\n{text}")
+        if not any(answers):
+            empty.append(f"{where}: {query}")
+    assert not empty, f"{name}: queries without data:\n" + "\n".join(empty)
+
+
+def test_committed_dashboards_are_what_the_generator_writes() -> None:
+    rendered = grafana.render()
+    committed = {p.name: p.read_text() for p in DASHBOARDS.glob("*.json")}
+    assert committed.keys() == rendered.keys(), "run: python -m gpuprobe.model.grafana"
+    for file_name, text in rendered.items():
+        assert committed[file_name] == text, f"{file_name} is stale; run: python -m gpuprobe.model.grafana"
+
+
+def test_dashboards_follow_the_query_conventions() -> None:
+    dashboards = load_dashboards()
+    assert {d["uid"] for d in dashboards.values()} == {
+        "gpuprobe-fleet",
+        "gpuprobe-node",
+        "gpuprobe-gpu-thermal",
+        "gpuprobe-acoustics",
+        "gpuprobe-probe-efficiency",
+        "gpuprobe-health",
+    }
+    for name, d in dashboards.items():
+        variables = {v["name"] for v in d["templating"]["list"]}
+        for v in d["templating"]["list"]:
+            assert v["query"].startswith("SHOW TAG VALUES FROM"), (name, v["name"])
+            assert v["datasource"]["uid"] == grafana.DATASOURCE["uid"]
+        ids = [p["id"] for p in panels_of(d)]
+        assert len(ids) == len(set(ids)), f"{name}: duplicate panel ids"
+        for panel in panels_of(d):
+            pos = panel["gridPos"]
+            assert pos["x"] + pos["w"] <= 24, (name, panel["title"])
+            if panel["type"] == "text":
+                continue
+            assert panel["targets"], f"{name}: panel {panel['title']!r} has no query"
+            for t in panel["targets"]:
+                assert t["rawQuery"] and t["datasource"]["uid"] == grafana.DATASOURCE["uid"]
+        for where, query in queries_of(d):
+            assert "$timeFilter" in query, f"{name}: {where} ignores the time range"
+            used = {m for m in VARIABLE.findall(query) if m not in ("timeFilter", "__interval")}
+            assert used <= variables, f"{name}: {where} uses undefined variables {used - variables}"
+            for var in used:
+                assert query.count(f"/^${var}$/") == query.count(f"${var}"), f"{name}: {where}: ${var} outside /^$…$/"
+
+
+def test_provisioning_points_grafana_at_influxql_and_the_dashboards() -> None:
+    datasource = (PROVISIONING / "datasources" / "gpuprobe.yaml").read_text()
+    assert re.search(r"^\s+type: influxdb$", datasource, re.M)
+    assert re.search(rf"^\s+uid: {grafana.DATASOURCE['uid']}$", datasource, re.M)
+    assert re.search(r"^\s+version: InfluxQL$", datasource, re.M)
+    assert re.search(r"^\s+dbName: \$\{GPUPROBE_INFLUX_DB\}$", datasource, re.M)
+    assert re.search(r"^\s+timeInterval: 1s$", datasource, re.M)  # what the query test substitutes
+    provider = (PROVISIONING / "dashboards" / "gpuprobe.yaml").read_text()
+    assert re.search(r"^\s+type: file$", provider, re.M)
+    assert re.search(r"^\s+path: /\S+$", provider, re.M)
