@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,14 @@ from gpuprobe.control.cli import TRUSTED_KEYS
 from gpuprobe.control.mqtt import MQTT_OPTIONS
 
 from gpuprobe.config import Option
-from gpuprobe.systemd import UnitSpec, render_unit, staged_path
+from gpuprobe.systemd import (
+    UnitSpec,
+    default_executable,
+    hidden_executable_warning,
+    render_unit,
+    staged_path,
+    write_install_files,
+)
 
 UNIT_PATH = "/etc/systemd/system/gpuprobe-agent.service"
 CONFIG_PATH = "/etc/gpuprobe/agent.toml"
@@ -36,14 +42,6 @@ STATE_DIRECTORY = "gpuprobe/agent"  # /var/lib/gpuprobe/agent
 SPOOL_DIR = "/var/lib/gpuprobe/agent/spool"
 TRAINER_SOCKET = "/var/lib/gpuprobe/agent/trainer.sock"
 CONTROL_DIR = "/var/lib/gpuprobe/agent/control"  # with --broker: inside the StateDirectory
-
-
-def default_executable() -> Path:
-    script = Path(sys.executable).parent / "gpuprobe"
-    if script.exists():
-        return script
-    found = shutil.which("gpuprobe")
-    return Path(found) if found else Path("/usr/local/bin/gpuprobe")
 
 
 INSTALL_OPTIONS = [
@@ -152,14 +150,6 @@ def render_sysusers(user: str) -> str:
     return f'u {user} - "gpuprobe telemetry agent" /var/lib/gpuprobe\n'
 
 
-def _write(path: Path, text: str, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    tmp.replace(path)
-
-
 def run(values: dict[str, Any]) -> int:
     def fail(message: str) -> int:
         print(f"gpuprobe install agent: error: {message}", file=sys.stderr)
@@ -185,19 +175,9 @@ def run(values: dict[str, Any]) -> int:
         staged_path(root, CONFIG_PATH): (render_config(values), 0o644),
         staged_path(root, SYSUSERS_PATH): (render_sysusers(values["user"]), 0o644),
     }
-    existing = [p for p in files if p.exists()]
-    if existing and not values["force"]:
-        print(
-            "gpuprobe install agent: refusing to overwrite " + ", ".join(map(str, existing)) + " (use --force)",
-            file=sys.stderr,
-        )
-        return 1
-    for path, (text, mode) in files.items():
-        try:
-            _write(path, text, mode)
-        except OSError as e:
-            return fail(f"cannot write {path}: {e}")
-        print(f"wrote {path}")
+    written = write_install_files(files, values["force"], "install agent")
+    if written != 0:
+        return written
     where = f" (staged under {root}: copy that tree onto the node first)" if root is not None else ""
     print(f"\nnext steps{where}:")
     print("  systemd-sysusers                      # creates the user " + values["user"])
@@ -205,11 +185,9 @@ def run(values: dict[str, Any]) -> int:
     print("  systemctl enable --now gpuprobe-agent")
     print("  systemctl status gpuprobe-agent       # STATUS shows GPUs, collector, spool")
     print("  journalctl -u gpuprobe-agent -f")
-    if any(str(executable).startswith(p) for p in ("/home/", "/root/")):
-        print(
-            f"\nwarning: {executable} is under /home or /root, which the unit hides (ProtectHome=yes): "
-            "install gpuprobe elsewhere (e.g. /opt/gpuprobe) or pass --executable",
-        )
+    warning = hidden_executable_warning(executable)
+    if warning:
+        print(f"\n{warning}")
     for key in ("tls_ca", "tls_cert", "tls_key", "token_file", *_BROKER_PATHS):
         if values[key] is not None:
             print(f"\nnote: {values[key]} must be readable by {values['user']} (e.g. 0640 root:{values['user']})")

@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from gpuprobe.config import Option
-from gpuprobe.systemd import UnitSpec, render_unit, staged_path
+from gpuprobe.systemd import (
+    UnitSpec,
+    default_executable,
+    hidden_executable_warning,
+    render_unit,
+    staged_path,
+    write_install_files,
+)
 
 UNIT_PATH = "/etc/systemd/system/gpuprobe-collector.service"
 CONFIG_PATH = "/etc/gpuprobe/collector.toml"
@@ -32,14 +38,6 @@ ENV_PATH = "/etc/gpuprobe/collector.env"
 SYSUSERS_PATH = "/etc/sysusers.d/gpuprobe-collector.conf"
 STATE_DIRECTORY = "gpuprobe/collector"
 WAL_DIR = "/var/lib/gpuprobe/collector"
-
-
-def default_executable() -> Path:
-    script = Path(sys.executable).parent / "gpuprobe"
-    if script.exists():
-        return script
-    found = shutil.which("gpuprobe")
-    return Path(found) if found else Path("/usr/local/bin/gpuprobe")
 
 
 INSTALL_OPTIONS = [
@@ -140,14 +138,6 @@ def render_sysusers(user: str) -> str:
     return f'u {user} - "gpuprobe telemetry" /var/lib/gpuprobe\n'
 
 
-def _write(path: Path, text: str, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    tmp.replace(path)
-
-
 def run(values: dict[str, Any], args: argparse.Namespace) -> int:
     def fail(message: str) -> int:
         print(f"gpuprobe install collector: error: {message}", file=sys.stderr)
@@ -166,19 +156,9 @@ def run(values: dict[str, Any], args: argparse.Namespace) -> int:
         staged_path(root, CONFIG_PATH): (render_config(values), 0o644),
         staged_path(root, SYSUSERS_PATH): (render_sysusers(values["user"]), 0o644),
     }
-    existing = [p for p in files if p.exists()]
-    if existing and not values["force"]:
-        print(
-            "gpuprobe install collector: refusing to overwrite " + ", ".join(map(str, existing)) + " (use --force)",
-            file=sys.stderr,
-        )
-        return 1
-    for path, (text, mode) in files.items():
-        try:
-            _write(path, text, mode)
-        except OSError as e:
-            return fail(f"cannot write {path}: {e}")
-        print(f"wrote {path}")
+    written = write_install_files(files, values["force"], "install collector")
+    if written != 0:
+        return written
     where = f" (staged under {root}: copy that tree onto the host first)" if root is not None else ""
     user = values["user"]
     print(f"\nnext steps{where}:")
@@ -191,9 +171,7 @@ def run(values: dict[str, Any], args: argparse.Namespace) -> int:
     print("  systemctl enable --now gpuprobe-collector")
     print("  journalctl -u gpuprobe-collector -f")
     print(f"\nnote: the key and tokens file must be readable by {user} (e.g. 0640 root:{user})")
-    if any(str(executable).startswith(p) for p in ("/home/", "/root/")):
-        print(
-            f"\nwarning: {executable} is under /home or /root, which the unit hides (ProtectHome=yes): "
-            "install gpuprobe elsewhere (e.g. /opt/gpuprobe) or pass --executable",
-        )
+    warning = hidden_executable_warning(executable)
+    if warning:
+        print(f"\n{warning}")
     return 0

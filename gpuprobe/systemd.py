@@ -138,3 +138,51 @@ def watchdog_interval_s(environ: dict[str, str] | None = None) -> float | None:
 def staged_path(root: Path | None, absolute: str) -> Path:
     """``/etc/gpuprobe/agent.toml`` under ``--root DIR`` (or the real path when root is None)."""
     return Path(absolute) if root is None else root / absolute.lstrip("/")
+
+
+def default_executable() -> Path:
+    """The ``gpuprobe`` program of this installation, for ExecStart."""
+    import shutil
+    import sys
+
+    script = Path(sys.executable).parent / "gpuprobe"
+    if script.exists():
+        return script
+    found = shutil.which("gpuprobe")
+    return Path(found) if found else Path("/usr/local/bin/gpuprobe")
+
+
+def hidden_executable_warning(executable: Path) -> str | None:
+    if any(str(executable).startswith(p) for p in ("/home/", "/root/")):
+        return (
+            f"warning: {executable} is under /home or /root, which the unit hides (ProtectHome=yes): "
+            "install gpuprobe elsewhere (e.g. /opt/gpuprobe) or pass --executable"
+        )
+    return None
+
+
+def write_install_files(files: dict[Path, tuple[str, int]], force: bool, command: str) -> int:
+    """Writes each file atomically with its mode; refuses to overwrite any unless ``force``.
+
+    Returns 0, 1 (something exists and no --force: nothing written) or 2 (a write failed); the
+    messages go to stdout/stderr under ``gpuprobe COMMAND``.
+    """
+    import sys
+
+    existing = [p for p in files if p.exists()]
+    if existing and not force:
+        names = ", ".join(map(str, existing))
+        print(f"gpuprobe {command}: refusing to overwrite {names} (use --force)", file=sys.stderr)
+        return 1
+    for path, (text, mode) in files.items():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            tmp.chmod(mode)
+            tmp.replace(path)
+        except OSError as e:
+            print(f"gpuprobe {command}: error: cannot write {path}: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {path}")
+    return 0
