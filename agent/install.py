@@ -17,7 +17,6 @@ imports only what writing the files needs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from gpuprobe.systemd import (
     hidden_executable_warning,
     render_unit,
     staged_path,
+    toml_value,
     write_install_files,
 )
 
@@ -83,16 +83,6 @@ INSTALL_OPTIONS += [
 INSTALL_OPTIONS.append(dataclasses.replace(TRUSTED_KEYS, help=f"{TRUSTED_KEYS.help}; written to the config"))
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))  # a TOML basic string (JSON escapes are valid TOML escapes)
-
-
 def render_config(values: dict[str, Any]) -> str:
     collectors = [part.strip() for item in values["collector"] for part in item.split(",") if part.strip()]
     entries: dict[str, Any] = {
@@ -122,7 +112,7 @@ def render_config(values: dict[str, Any]) -> str:
         "# GPUPROBE_* environment variables and command-line flags override this file.",
         "",
         "[agent]",
-        *(f"{key} = {_toml_value(value)}" for key, value in entries.items()),
+        *(f"{key} = {toml_value(value)}" for key, value in entries.items()),
         "",
     ]
     return "\n".join(lines)

@@ -17,7 +17,6 @@ Nothing is overwritten without ``--force``. Imported to list the commands: impor
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from gpuprobe.systemd import (
     hidden_executable_warning,
     render_unit,
     staged_path,
+    toml_value,
     write_install_files,
 )
 
@@ -78,14 +78,6 @@ INSTALL_OPTIONS = [
 ]
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value))  # a TOML basic string (JSON escapes are valid TOML escapes)
-
-
 def render_config(values: dict[str, Any]) -> str:
     entries: dict[str, Any] = {
         "listen": values["listen"],
@@ -115,7 +107,7 @@ def render_config(values: dict[str, Any]) -> str:
         "# docs/operations.md: TLS and tokens, scaling, WAL sizing, InfluxDB errors, metrics.",
         "",
         "[collector]",
-        *(f"{key} = {_toml_value(value)}" for key, value in entries.items()),
+        *(f"{key} = {toml_value(value)}" for key, value in entries.items()),
         "",
     ]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -186,3 +187,16 @@ def write_install_files(files: dict[Path, tuple[str, int]], force: bool, command
             return 2
         print(f"wrote {path}")
     return 0
+
+
+def toml_value(value: bool | int | float | str | list[Any] | Path) -> str:
+    """One value of an installed config file, as TOML (strings as JSON-escaped basic strings)."""
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # JSON escapes are valid TOML basic-string escapes
