@@ -47,6 +47,7 @@ proto: venv
 
 lint: venv node
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) tools/protogen.py --check
 	cd proto && ../node_modules/.bin/buf lint
 

@@ -1,1 +1,1 @@
-"""The GPU-node agent: sensors -> batcher -> spool -> uplink (see DESIGN.md)."""
+"""The GPU-node agent: sensors -> batcher -> spool -> uplink (docs/agent.md, docs/architecture.md)."""

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuprobe.agent.metrics import Counters
-
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 

@@ -9,11 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuprobe.control.cli import CONTROL_DIR, CONTROL_OPTIONS, RETRY_OPTIONS, RETRY_PREFIX
+from gpuprobe.config import Command, ConfigError, Option, parse_duration
 from gpuprobe.control.mqtt import MQTT_OPTIONS
-
-from gpuprobe.cli import Command
-from gpuprobe.config import ConfigError, Option
+from gpuprobe.control.settings import CONTROL_DIR, CONTROL_OPTIONS, RETRY_OPTIONS, RETRY_PREFIX
 
 # This module is imported by every `gpuprobe` invocation (to list the commands): it must stay light,
 # so the agent's own modules (pynvml, grpc, psutil...) are imported only when a command runs.
@@ -35,7 +33,7 @@ DEFAULT_SPOOL = "/var/lib/gpuprobe/agent/spool"
 
 
 def _fleet_options() -> list[Option]:
-    """The control plane's options (gpuprobe.control.cli), as `gpuprobe agent` takes them: the broker is
+    """The control plane's options (gpuprobe.control.settings), as `gpuprobe agent` takes them: the broker is
     off by default, the control directory defaults to the spool's, and the reconnect pauses towards the
     broker get an ``mqtt_`` prefix (``--reconnect-max`` / ``--auth-retry`` are the collector's here)."""
     out: list[Option] = []
@@ -66,7 +64,7 @@ AGENT_OPTIONS = [
         default=[],
         metavar="HOST[:PORT][,HOST[:PORT]...]",
     ),
-    Option("interval", "GPU sampling interval in s (0.1 = 10 Hz; 0.02 = 50 Hz at most)", float, 0.1, metavar="S"),
+    Option("interval", "GPU sampling interval (100ms = 10 Hz; 20ms = 50 Hz at most)", parse_duration, 0.1),
     Option(
         "spool", "spool directory (durable queue of unacknowledged batches)", Path, Path(DEFAULT_SPOOL), metavar="DIR"
     ),
@@ -77,8 +75,14 @@ AGENT_OPTIONS = [
         512 * 2**20,
         metavar="SIZE",
     ),
+    Option("spool_max_age", "drop spooled batches older than this (0: no age cap)", parse_duration, 7 * 86400.0),
     Option(
-        "spool_max_age", "drop spooled batches older than this, in s (0: no age cap)", float, 7 * 86400.0, metavar="S"
+        "spool_memory_max_bytes",
+        "while the spool's disk is full, hold at most this much in memory (e.g. 16MiB); beyond it the oldest"
+        " batches are dropped and counted",
+        parse_size,
+        16 * 2**20,
+        metavar="SIZE",
     ),
     Option("host", "host name: the `host` tag and MQTT topic segment (default: the system's host name)", default=""),
     Option("agent_id", "agent id, unique in the fleet (default: --host)", default=""),
@@ -146,20 +150,21 @@ AGENT_OPTIONS = [
     ),
     Option("proxy_chassis_min_pct", "acoustic proxy (passive GPUs): chassis fans' minimum speed in %%", float, 30.0),
     Option(
-        "grace", "on SIGTERM, keep delivering spooled batches for this long (s); the rest stays spooled", float, 10.0
+        "grace",
+        "on SIGTERM, keep delivering spooled batches for this long; the rest stays spooled",
+        parse_duration,
+        10.0,
     ),
-    Option("flush_interval", "close a batch after this long (s) even if it is not full", float, 1.0, metavar="S"),
+    Option("flush_interval", "close a batch after this long even if it is not full", parse_duration, 1.0),
     Option("batch_max_samples", "close a batch when it holds this many samples (>= 100)", int, 2000, metavar="N"),
     Option("max_in_flight", "batches sent but not yet acknowledged, at most", int, 64, metavar="N"),
-    Option("keepalive", "gRPC keepalive ping interval in s", float, 30.0, metavar="S"),
+    Option("keepalive", "gRPC keepalive ping interval", parse_duration, 30.0),
+    Option("reconnect_min", "first reconnect pause (doubles per failed round, with jitter)", parse_duration, 0.5),
+    Option("reconnect_max", "longest reconnect pause", parse_duration, 30.0),
     Option(
-        "reconnect_min", "first reconnect pause in s (doubles per failed round, with jitter)", float, 0.5, metavar="S"
+        "auth_retry", "pause after the collector refused the credentials or the agent's identity", parse_duration, 60.0
     ),
-    Option("reconnect_max", "longest reconnect pause in s", float, 30.0, metavar="S"),
-    Option("auth_retry", "pause after the collector refused the credentials, in s", float, 60.0, metavar="S"),
-    Option(
-        "pcie_interval", "read each GPU's PCIe throughput this often, in s (0: every sample)", float, 1.0, metavar="S"
-    ),
+    Option("pcie_interval", "read each GPU's PCIe throughput this often (0: every sample)", parse_duration, 1.0),
     Option("hwmon_dir", "where the hwmon sensors are (sysfs)", Path, Path("/sys/class/hwmon"), metavar="DIR"),
     Option("check", "validate the configuration, print the effective settings and exit", is_flag=True, default=False),
     *_fleet_options(),

@@ -22,14 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
-from typing import Any
 
 from gpuprobe.agent.sampler import Sampler
-from gpuprobe.control.agent_side import ControlClient, ControlSettings, PresenceStatus
+from gpuprobe.control.agent_side import ControlClient, PresenceStatus
 from gpuprobe.control.gpus import Reading
-
+from gpuprobe.control.settings import ControlSettings
 from gpuprobe.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -54,18 +52,9 @@ class AgentGpus:
     def read(self, index: int) -> Reading:
         for sample in self._sampler.latest:
             if sample["gpu_index"] == index:
-                return Reading(
-                    time_unix_ns=sample["time_unix_ns"],
-                    power_w=sample.get("power_w"),
-                    temp_c=_float(sample.get("temp_c")),
-                    energy_j=sample.get("energy_j"),
-                )
+                return Reading.from_sample(sample)
         # not sampled on the last tick (lost, or sampling has not started): nothing known
-        return Reading(time_unix_ns=time.time_ns(), power_w=None, temp_c=None, energy_j=None)
-
-
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
+        return Reading.unknown()
 
 
 class EmbeddedControl:

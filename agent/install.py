@@ -21,10 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuprobe.control.cli import TRUSTED_KEYS
+from gpuprobe.config import Option, parse_duration, parse_whole_seconds
 from gpuprobe.control.mqtt import MQTT_OPTIONS
-
-from gpuprobe.config import Option
+from gpuprobe.control.settings import TRUSTED_KEYS
 from gpuprobe.systemd import (
     UnitSpec,
     default_executable,
@@ -64,8 +63,8 @@ INSTALL_OPTIONS = [
     Option("token_file", "file with the bearer token, written to the config", Path, metavar="FILE"),
     Option("metrics_listen", "Prometheus endpoint HOST:PORT written to the config (default: off)", default=""),
     Option("mic_device", "microphone device name written to the config; adds the audio group", default=""),
-    Option("grace", "SIGTERM grace period in s (the unit's stop timeout is 20 s longer)", float, 10.0),
-    Option("watchdog", "systemd watchdog timeout in s", int, 30),
+    Option("grace", "SIGTERM grace period (the unit's stop timeout is 20 s longer)", parse_duration, 10.0),
+    Option("watchdog", "systemd watchdog timeout, in whole seconds", parse_whole_seconds, 30),
 ]
 # The fleet control plane (`gpuprobe agent --broker`): the broker options of gpuprobe.control.mqtt
 # (never the password itself: a file or the environment) and the operator keys the agent trusts.

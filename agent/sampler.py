@@ -25,7 +25,6 @@ from gpuprobe.agent.sensors.gpu import GpuSensor
 from gpuprobe.agent.sensors.host import HostSensor
 from gpuprobe.agent.sensors.proxy import AcousticProxy
 from gpuprobe.agent.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
-
 from gpuprobe.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)

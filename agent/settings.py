@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprobe.agent import identity
 from gpuprobe.agent.sensors.proxy import ProxyParams
-
 from gpuprobe.config import ConfigError
 from gpuprobe.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from gpuprobe.control.agent_side import ControlSettings
+    from gpuprobe.control.settings import ControlSettings
 
 MIN_INTERVAL_S = 0.02  # 50 Hz
 MAX_INTERVAL_S = 60.0
@@ -80,6 +79,7 @@ class AgentSettings:
     spool_dir: Path
     spool_max_bytes: int
     spool_max_age_s: float
+    spool_memory_max_bytes: int
     uplink: UplinkSettings
     grace_s: float
     metrics_listen: tuple[str, int] | None
@@ -94,118 +94,26 @@ class AgentSettings:
 
     @classmethod
     def from_values(cls, v: dict[str, Any]) -> AgentSettings:
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ConfigError(message)
-
-        try:
-            targets = split_addresses(v["collector"])
-        except ValueError as e:
-            raise ConfigError(f"--collector: {e}") from None
-        need(bool(targets), "no collector: pass --collector HOST[:PORT][,HOST[:PORT]...] (or GPUPROBE_COLLECTOR)")
-        interval = float(v["interval"])
-        need(
-            MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S,
-            f"--interval must be between {MIN_INTERVAL_S} s (50 Hz) and {MAX_INTERVAL_S:g} s, not {interval:g}",
-        )
-        need(
-            0.05 <= v["flush_interval"] <= 10,
-            f"--flush-interval must be between 0.05 and 10 s, not {v['flush_interval']}",
-        )
-        need(v["batch_max_samples"] >= 100, "--batch-max-samples must be at least 100 (wire contract)")
-        need(v["spool_max_bytes"] >= 64 * 1024, "--spool-max-bytes must be at least 64KiB")
-        need(v["spool_max_age"] >= 0, "--spool-max-age must not be negative (0: no age cap)")
-        need(v["grace"] >= 0, "--grace must not be negative")
-        need(v["max_in_flight"] >= 1, "--max-in-flight must be at least 1")
-        need(0 < v["reconnect_min"] <= v["reconnect_max"], "--reconnect-min must be positive and <= --reconnect-max")
-        need(v["keepalive"] >= 1, "--keepalive must be at least 1 s")
-        need(v["proxy_tdp_fraction"] > 0, "--proxy-tdp-fraction must be positive")
-        need(v["proxy_air_rise_c"] > 0, "--proxy-air-rise-c must be positive")
-        need(v["proxy_chassis_airflow_m3_per_s"] > 0, "--proxy-chassis-airflow-m3-per-s must be positive")
-        need(0 < v["proxy_chassis_min_pct"] <= 100, "--proxy-chassis-min-pct must be in (0, 100]")
-
-        host = v["host"] or identity.default_host()
-        cloud, instance_type = v["cloud"], v["instance_type"]
-        if not cloud or not instance_type:
-            detected_cloud, detected_type = identity.detect_cloud()
-            cloud = cloud or detected_cloud
-            instance_type = instance_type or detected_type
-        try:
-            identity.check_label("--host", host, topic_safe=True)
-            ident = common_pb2.AgentIdentity(
-                agent_id=identity.check_label("--agent-id", v["agent_id"] or host, topic_safe=True),
-                host=host,
-                cluster=identity.check_label("--cluster", v["cluster"]),
-                cloud=identity.check_label("--cloud", cloud),
-                instance_type=identity.check_label("--instance-type", instance_type),
-                region=identity.check_label("--region", v["region"]),
-            )
-        except identity.IdentityError as e:
-            raise ConfigError(str(e)) from None
-        virt = None if v["virt"] == "auto" else identity.VIRT_NAMES[v["virt"]]
-
-        token: str | None = v["token"] or None
-        if v["token_file"] is not None:
-            need(token is None, "give either --token or --token-file, not both")
-            try:
-                token = Path(v["token_file"]).read_text().strip()
-            except OSError as e:
-                raise ConfigError(f"--token-file: {e}") from None
-            need(bool(token), f"--token-file {v['token_file']} is empty")
-        if token is not None:
-            need(
-                not any(ord(c) < 0x21 or ord(c) == 0x7F for c in token),
-                "the token must not contain spaces or control characters",
-            )
-        tls: TlsSettings | None = None
-        if v["tls"] or v["tls_ca"] or v["tls_cert"] or v["tls_key"]:
-            need(
-                (v["tls_cert"] is None) == (v["tls_key"] is None),
-                "mutual TLS needs both --tls-cert and --tls-key",
-            )
-            for option in ("tls_ca", "tls_cert", "tls_key"):
-                path = v[option]
-                need(path is None or Path(path).is_file(), f"--{option.replace('_', '-')} {path}: no such file")
-            tls = TlsSettings(
-                ca_path=v["tls_ca"],
-                cert_path=v["tls_cert"],
-                key_path=v["tls_key"],
-                server_name=v["tls_server_name"] or None,
-            )
-        metrics: tuple[str, int] | None = None
-        if v["metrics_listen"]:
-            try:
-                address = parse_address(v["metrics_listen"], allow_port_zero=True)
-            except ValueError as e:
-                raise ConfigError(f"--metrics-listen: {e}") from None
-            mhost, _, mport = address.rpartition(":")
-            metrics = (mhost.strip("[]"), int(mport))
+        _check_ranges(v)
+        ident = _identity(v)
         spool_dir = Path(v["spool"])
         trainer_socket = Path(v["trainer_socket"]) if v["trainer_socket"] else None
         control: ControlSettings | None = None
         if v["broker"]:
-            control, trainer_socket = _control_settings(v, ident, spool_dir, trainer_socket, interval)
+            control, trainer_socket = _control_settings(v, ident, spool_dir, trainer_socket, float(v["interval"]))
         return cls(
             identity=ident,
-            virt_override=virt,
-            interval_s=interval,
+            virt_override=None if v["virt"] == "auto" else identity.VIRT_NAMES[v["virt"]],
+            interval_s=float(v["interval"]),
             flush_interval_s=float(v["flush_interval"]),
             batch_max_samples=int(v["batch_max_samples"]),
             spool_dir=spool_dir,
             spool_max_bytes=int(v["spool_max_bytes"]),
             spool_max_age_s=float(v["spool_max_age"]),
-            uplink=UplinkSettings(
-                targets=targets,
-                tls=tls,
-                token=token,
-                keepalive_s=float(v["keepalive"]),
-                max_in_flight_batches=int(v["max_in_flight"]),
-                reconnect_min_s=float(v["reconnect_min"]),
-                reconnect_max_s=float(v["reconnect_max"]),
-                auth_retry_s=float(v["auth_retry"]),
-            ),
+            spool_memory_max_bytes=int(v["spool_memory_max_bytes"]),
+            uplink=_uplink_settings(v),
             grace_s=float(v["grace"]),
-            metrics_listen=metrics,
+            metrics_listen=_metrics_listen(v),
             trainer_socket=trainer_socket,
             mic_device=v["mic_device"] or "",
             mic_calibration_db=float(v["mic_calibration_db"]),
@@ -237,7 +145,8 @@ class AgentSettings:
             f" PCIe every {self.pcie_interval_s:g} s",
             f"batches          <= {self.batch_max_samples} samples or {self.flush_interval_s:g} s",
             f"spool            {self.spool_dir} (cap {self.spool_max_bytes} bytes"
-            f"{f', {self.spool_max_age_s:g} s' if self.spool_max_age_s else ''})",
+            f"{f', {self.spool_max_age_s:g} s' if self.spool_max_age_s else ''};"
+            f" {self.spool_memory_max_bytes} bytes in memory while its disk is full)",
             f"transport        {'TLS' if u.tls else 'plaintext'}"
             f"{' + client certificate' if u.tls and u.tls.cert_path else ''}"
             f"{' + bearer token' if u.token else ''}",
@@ -258,6 +167,122 @@ class AgentSettings:
         return "\n".join(lines)
 
 
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _check_ranges(v: dict[str, Any]) -> None:
+    """Every numeric option in its range, each message naming the option."""
+    interval = float(v["interval"])
+    _need(
+        MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S,
+        f"--interval must be between {MIN_INTERVAL_S} s (50 Hz) and {MAX_INTERVAL_S:g} s, not {interval:g}",
+    )
+    _need(
+        0.05 <= v["flush_interval"] <= 10,
+        f"--flush-interval must be between 0.05 and 10 s, not {v['flush_interval']}",
+    )
+    _need(v["batch_max_samples"] >= 100, "--batch-max-samples must be at least 100 (wire contract)")
+    _need(v["spool_max_bytes"] >= 64 * 1024, "--spool-max-bytes must be at least 64KiB")
+    _need(v["spool_max_age"] >= 0, "--spool-max-age must not be negative (0: no age cap)")
+    _need(v["spool_memory_max_bytes"] >= 0, "--spool-memory-max-bytes must not be negative")
+    _need(v["grace"] >= 0, "--grace must not be negative")
+    _need(v["max_in_flight"] >= 1, "--max-in-flight must be at least 1")
+    _need(0 < v["reconnect_min"] <= v["reconnect_max"], "--reconnect-min must be positive and <= --reconnect-max")
+    _need(v["keepalive"] >= 1, "--keepalive must be at least 1 s")
+    _need(v["proxy_tdp_fraction"] > 0, "--proxy-tdp-fraction must be positive")
+    _need(v["proxy_air_rise_c"] > 0, "--proxy-air-rise-c must be positive")
+    _need(v["proxy_chassis_airflow_m3_per_s"] > 0, "--proxy-chassis-airflow-m3-per-s must be positive")
+    _need(0 < v["proxy_chassis_min_pct"] <= 100, "--proxy-chassis-min-pct must be in (0, 100]")
+
+
+def _identity(v: dict[str, Any]) -> common_pb2.AgentIdentity:
+    """The node's labels: configured, else detected; refused here when a collector would refuse them."""
+    host = v["host"] or identity.default_host()
+    cloud, instance_type = v["cloud"], v["instance_type"]
+    if not cloud or not instance_type:
+        detected_cloud, detected_type = identity.detect_cloud()
+        cloud = cloud or detected_cloud
+        instance_type = instance_type or detected_type
+    try:
+        identity.check_label("--host", host, topic_safe=True)
+        ident = common_pb2.AgentIdentity(
+            agent_id=identity.check_label("--agent-id", v["agent_id"] or host, topic_safe=True),
+            host=host,
+            cluster=identity.check_label("--cluster", v["cluster"]),
+            cloud=identity.check_label("--cloud", cloud),
+            instance_type=identity.check_label("--instance-type", instance_type),
+            region=identity.check_label("--region", v["region"]),
+        )
+        identity.check_storable(ident)
+    except identity.IdentityError as e:
+        raise ConfigError(str(e)) from None
+    return ident
+
+
+def _uplink_settings(v: dict[str, Any]) -> UplinkSettings:
+    """The collectors, the credentials (token, TLS) and the stream's pacing."""
+    try:
+        targets = split_addresses(v["collector"])
+    except ValueError as e:
+        raise ConfigError(f"--collector: {e}") from None
+    _need(bool(targets), "no collector: pass --collector HOST[:PORT][,HOST[:PORT]...] (or GPUPROBE_COLLECTOR)")
+    return UplinkSettings(
+        targets=targets,
+        tls=_tls_settings(v),
+        token=_token(v),
+        keepalive_s=float(v["keepalive"]),
+        max_in_flight_batches=int(v["max_in_flight"]),
+        reconnect_min_s=float(v["reconnect_min"]),
+        reconnect_max_s=float(v["reconnect_max"]),
+        auth_retry_s=float(v["auth_retry"]),
+    )
+
+
+def _token(v: dict[str, Any]) -> str | None:
+    token: str | None = v["token"] or None
+    if v["token_file"] is not None:
+        _need(token is None, "give either --token or --token-file, not both")
+        try:
+            token = Path(v["token_file"]).read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"--token-file: {e}") from None
+        _need(bool(token), f"--token-file {v['token_file']} is empty")
+    if token is not None:
+        _need(
+            not any(ord(c) < 0x21 or ord(c) == 0x7F for c in token),
+            "the token must not contain spaces or control characters",
+        )
+    return token
+
+
+def _tls_settings(v: dict[str, Any]) -> TlsSettings | None:
+    if not (v["tls"] or v["tls_ca"] or v["tls_cert"] or v["tls_key"]):
+        return None
+    _need((v["tls_cert"] is None) == (v["tls_key"] is None), "mutual TLS needs both --tls-cert and --tls-key")
+    for option in ("tls_ca", "tls_cert", "tls_key"):
+        path = v[option]
+        _need(path is None or Path(path).is_file(), f"--{option.replace('_', '-')} {path}: no such file")
+    return TlsSettings(
+        ca_path=v["tls_ca"],
+        cert_path=v["tls_cert"],
+        key_path=v["tls_key"],
+        server_name=v["tls_server_name"] or None,
+    )
+
+
+def _metrics_listen(v: dict[str, Any]) -> tuple[str, int] | None:
+    if not v["metrics_listen"]:
+        return None
+    try:
+        address = parse_address(v["metrics_listen"], allow_port_zero=True)
+    except ValueError as e:
+        raise ConfigError(f"--metrics-listen: {e}") from None
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def _control_settings(
     v: dict[str, Any],
     ident: common_pb2.AgentIdentity,
@@ -267,7 +292,7 @@ def _control_settings(
 ) -> tuple[ControlSettings, Path]:
     """``--broker``: the control plane's settings, and the trainer socket its trainers report to (made
     under the spool directory when ``--trainer-socket`` is not given, so probe progress is collected)."""
-    from gpuprobe.control.cli import RETRY_PREFIX, control_settings
+    from gpuprobe.control.settings import RETRY_PREFIX, control_settings
 
     if trainer_socket is None:
         trainer_socket = spool_dir / "trainer.sock"
@@ -287,6 +312,6 @@ def _control_settings(
         agent_socket=trainer_socket.absolute(),
         retry_prefix=RETRY_PREFIX,
         telemetry_interval_s=interval_s,
+        sample_interval_s=interval_s,  # the probe reads the agent's own samples (gpuprobe.agent.fleet)
     )
-    control.sample_interval_s = interval_s  # the probe reads the agent's own samples (gpuprobe.agent.fleet)
     return control, trainer_socket

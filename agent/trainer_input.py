@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuprobe.errors import ProtocolError
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ STATUSES = {
 Message = telemetry_pb2.TrainerSample | telemetry_pb2.ProbeEvent
 
 
-class BadMessage(ValueError):
+class BadMessage(ProtocolError, ValueError):
     pass
 
 

@@ -39,13 +39,14 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
+
+from gpuprobe.devservices.ports import free_port
 from gpuprobe.sim import state
 from gpuprobe.sim.profiles import get_profile
 from gpuprobe.sim.runner import temporary_machine
-
-from gpuprobe.devservices.ports import free_port
 from gpuprobe.v1 import telemetry_pb2
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,7 +146,6 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
-    gpuprobe = Path(sys.executable).parent / "gpuprobe"
     with temporary_machine([get_profile(args.profile)] * args.gpus) as sim, tempfile.TemporaryDirectory() as tmp:
         for i in range(args.gpus):
             state.set_load(sim.state_dir, i, 50)
@@ -158,77 +158,96 @@ def main() -> int:
         )
         assert receiver.stdout is not None and receiver.stdout.readline().startswith(b"READY")
         total_s = args.warmup + args.seconds + 2
-        agent_log = open(out / "agent.log", "wb")  # noqa: SIM115
-        procs = [
-            Measured(
-                "gpuprobe agent",
-                subprocess.Popen(
-                    [
-                        str(gpuprobe),
-                        "--log-level",
-                        "warning",
-                        "agent",
-                        "--collector",
-                        f"127.0.0.1:{port}",
-                        "--spool",
-                        str(out / "spool"),
-                        "--interval",
-                        str(1 / args.rate_hz),
-                    ],
-                    env=env,
-                    stdout=agent_log,
-                    stderr=subprocess.STDOUT,
-                ),
-            ),
-        ]
-        peers = (
-            ("gpustat", GPUSTAT_SETUP, GPUSTAT_POLL),
-            ("nvitop", NVITOP_SETUP, NVITOP_POLL),
-            ("floor: 1 call/GPU", FLOOR_SETUP, FLOOR_POLL),
-        )
-        for name, setup, poll in peers:
-            code = PEER_LOOP.format(setup=setup, poll=poll)
-            procs.append(
-                Measured(
-                    name,
-                    subprocess.Popen(
-                        [sys.executable, "-c", code, str(args.rate_hz), str(total_s)],
-                        env=env,
-                        stdout=subprocess.PIPE,
-                    ),
-                )
-            )
+        procs = start_processes(args, env, out, port, total_s)
         try:
-            time.sleep(args.warmup)
-            t0_ns = time.time_ns()
-            for p in procs:
-                p.cpu_start_s = p.cpu_s()
-            window_end = time.monotonic() + args.seconds
-            while time.monotonic() < window_end:
-                for p in procs:
-                    p.sample_rss()
-                time.sleep(0.5)
-            for p in procs:
-                p.cpu_end_s = p.cpu_s()
-                p.read_peak()
-            t1_ns = time.time_ns()
-            agent = procs[0]
-            agent.proc.terminate()
-            agent.proc.wait(60)
-            agent.gpu_samples = received_gpu_samples(out / "rx" / "batches.bin", t0_ns, t1_ns)
-            for p in procs[1:]:
-                stdout, _ = p.proc.communicate(timeout=total_s + 60)
-                stamps = json.loads(stdout)
-                p.gpu_samples = args.gpus * sum(1 for s in stamps if t0_ns / 1e9 <= s < t1_ns / 1e9)
+            window_s = measure(procs, args, out / "rx" / "batches.bin", total_s)
         finally:
             for p in procs:
                 if p.proc.poll() is None:
                     p.proc.kill()
             receiver.terminate()
             receiver.wait(10)
-        window_s = (t1_ns - t0_ns) / 1e9
+    rows = report(procs, args, window_s)
+    if args.json:
+        args.json.write_text(json.dumps({"window_s": window_s, "rows": rows}, indent=2))
+    return 0
 
-    rows = []
+
+def start_processes(
+    args: argparse.Namespace, env: dict[str, str], out: Path, port: int, total_s: float
+) -> list[Measured]:
+    """The agent (streaming to the receiver on ``port``) and the peers, all reading the same GPUs."""
+    gpuprobe = Path(sys.executable).parent / "gpuprobe"
+    agent_log = open(out / "agent.log", "wb")  # noqa: SIM115 - owned by the process
+    procs = [
+        Measured(
+            "gpuprobe agent",
+            subprocess.Popen(
+                [
+                    str(gpuprobe),
+                    "--log-level",
+                    "warning",
+                    "agent",
+                    "--collector",
+                    f"127.0.0.1:{port}",
+                    "--spool",
+                    str(out / "spool"),
+                    "--interval",
+                    str(1 / args.rate_hz),
+                ],
+                env=env,
+                stdout=agent_log,
+                stderr=subprocess.STDOUT,
+            ),
+        ),
+    ]
+    peers = (
+        ("gpustat", GPUSTAT_SETUP, GPUSTAT_POLL),
+        ("nvitop", NVITOP_SETUP, NVITOP_POLL),
+        ("floor: 1 call/GPU", FLOOR_SETUP, FLOOR_POLL),
+    )
+    for name, setup, poll in peers:
+        code = PEER_LOOP.format(setup=setup, poll=poll)
+        procs.append(
+            Measured(
+                name,
+                subprocess.Popen(
+                    [sys.executable, "-c", code, str(args.rate_hz), str(total_s)], env=env, stdout=subprocess.PIPE
+                ),
+            )
+        )
+    return procs
+
+
+def measure(procs: list[Measured], args: argparse.Namespace, received: Path, total_s: float) -> float:
+    """CPU and RSS of every process over the window, and the GPU-samples each took; the window in s."""
+    time.sleep(args.warmup)
+    t0_ns = time.time_ns()
+    for p in procs:
+        p.cpu_start_s = p.cpu_s()
+    window_end = time.monotonic() + args.seconds
+    while time.monotonic() < window_end:
+        for p in procs:
+            p.sample_rss()
+        time.sleep(0.5)
+    for p in procs:
+        p.cpu_end_s = p.cpu_s()
+        p.read_peak()
+    t1_ns = time.time_ns()
+    agent = procs[0]
+    agent.proc.terminate()
+    agent.proc.wait(60)
+    agent.gpu_samples = received_gpu_samples(received, t0_ns, t1_ns)
+    for p in procs[1:]:
+        stdout, _ = p.proc.communicate(timeout=total_s + 60)
+        stamps = json.loads(stdout)
+        p.gpu_samples = args.gpus * sum(1 for s in stamps if t0_ns / 1e9 <= s < t1_ns / 1e9)
+    return (t1_ns - t0_ns) / 1e9
+
+
+def report(procs: list[Measured], args: argparse.Namespace, window_s: float) -> list[dict[str, Any]]:
+    """Prints the table; the rows, with the ratios against the agent."""
+    rows: list[dict[str, Any]] = []
     for p in procs:
         cpu = p.cpu_end_s - p.cpu_start_s
         rows.append(
@@ -263,11 +282,10 @@ def main() -> int:
             f" {r['rss_peak_mib']:>6.1f} {ratio:>5.1f}x {ratio_above:>16.1f}x"
         )
     print(
-        "targets (DESIGN.md): agent < 0.5 % of one core and < 64 MiB RSS; peers' CPU per GPU-sample >= 5x the agent's"
+        "targets (docs/architecture.md): agent < 0.5 % of one core and < 64 MiB RSS;"
+        " peers' CPU per GPU-sample >= 5x the agent's"
     )
-    if args.json:
-        args.json.write_text(json.dumps({"window_s": window_s, "rows": rows}, indent=2))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ from gpuprobe.collector.compression import gzip_bytes
 from gpuprobe.collector.encode import StreamEncoder
 from gpuprobe.collector.loadgen import AgentSpec, SampleFactory, SyntheticAgent
 from gpuprobe.collector.validate import Identity, Limits
-
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.devservices.ports import LOOPBACK, free_port, port_accepts
 from gpuprobe.v1 import common_pb2, telemetry_pb2
@@ -83,7 +82,7 @@ def encode_rate(fan: bool, batches: int = 40, repeat: int = 3) -> float:
 
 
 def reference_rate(lines: int = 200_000) -> float:
-    """The reference's yardstick on this machine: 4 tags + 8 float fields with a cached prefix."""
+    """The yardstick on this machine: 4 tags + 8 float fields, an f-string with a cached, pre-escaped prefix."""
     prefix = "gpu,gpu=0,host=node-1,model=H100,uuid=GPU-1 "
     values = [(i * 0.5, 61.0 + i % 7, 300.25, 700.0, 12.5, 88.0, 1.0e6 + i, 42.0) for i in range(1000)]
     out: list[str] = []

@@ -1,12 +1,12 @@
 """The central collector: auth -> validate -> encode (line protocol) -> WAL -> ack; WAL -> sink -> InfluxDB.
 
-Modules, in the order data flows through them (DESIGN.md, docs/operations.md, docs/schema.md):
+Modules, in the order data flows through them (docs/architecture.md, docs/operations.md, docs/schema.md):
 
 - :mod:`.server` — ``TelemetryService.Stream`` on ``grpc.aio``; :mod:`.auth` checks credentials first
 - :mod:`.validate` — what is accepted, status codes and per-batch rejections
 - :mod:`.encode` — exact InfluxDB line protocol (the hot path)
 - :mod:`.wal` — the SQLite write-ahead log; a batch is acked once committed there
 - :mod:`.sink` — drains the WAL into InfluxDB (v1 ``/write`` or v2 via ``influxdb-client``)
-- :mod:`.metrics`, :mod:`.runner` (processes, sd_notify), :mod:`.cli`, :mod:`.install`, :mod:`.config`
+- :mod:`.metrics`, :mod:`.runner` (processes, sd_notify), :mod:`.cli`, :mod:`.install`, :mod:`.settings`
 - :mod:`.loadgen` — synthetic agents for tests and benchmarks
 """

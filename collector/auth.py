@@ -27,14 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
 from gpuprobe.collector.validate import StreamError
+from gpuprobe.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 MIN_TOKEN_CHARS = 16
 
 
-class AuthConfigError(ValueError):
+class AuthConfigError(ConfigError):
     """The tokens file or the TLS files cannot be used (the message says why)."""
 
 

@@ -9,12 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuprobe.collector.install import INSTALL_OPTIONS
-
-from gpuprobe.cli import Command
-from gpuprobe.config import Option
+from gpuprobe.config import Command, Option, format_duration, parse_duration, parse_duration_or_none
 
 if TYPE_CHECKING:  # imported when run: `gpuprobe --help` must not need the collector's dependencies
-    from gpuprobe.collector.config import CollectorConfig
+    from gpuprobe.collector.settings import CollectorSettings
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +25,6 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError(f"{value} is not a positive integer")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise ValueError(f"{text} is not a non-negative number")
     return value
 
 
@@ -64,12 +55,17 @@ OPTIONS = [
     ),
     Option(
         "influx_retention",
-        "duration of a created retention policy, e.g. 90d (empty: infinite)",
-        default="",
-        metavar="DURATION",
+        "how long a created retention policy keeps data (0 or empty: infinite)",
+        parse_duration_or_none,
     ),
     Option("influx_ca", "CA certificate file to verify an https InfluxDB", default="", metavar="FILE"),
-    Option("influx_timeout_s", "timeout of one write request, in s", type=float, default=30.0, metavar="SECONDS"),
+    Option(
+        "influx_timeout",
+        "timeout of one write request",
+        parse_duration,
+        default=30.0,
+        deprecated_name="influx_timeout_s",
+    ),
     Option("influx_gzip_level", "gzip level of write requests (0: no compression)", type=int, default=1, metavar="0-9"),
     Option(
         "wal",
@@ -135,18 +131,18 @@ OPTIONS = [
         metavar="BYTES",
     ),
     Option(
-        "max_clock_skew_s",
-        "samples further in the future are out of range, in s",
-        type=_non_negative_float,
+        "max_clock_skew",
+        "samples further in the future are out of range",
+        parse_duration,
         default=600.0,
-        metavar="SECONDS",
+        deprecated_name="max_clock_skew_s",
     ),
     Option(
-        "max_sample_age_s",
-        "samples older than this are out of range, in s",
-        type=_non_negative_float,
+        "max_sample_age",
+        "samples older than this are out of range",
+        parse_duration,
         default=7 * 24 * 3600.0,
-        metavar="SECONDS",
+        deprecated_name="max_sample_age_s",
     ),
     Option(
         "timestamp_policy",
@@ -164,39 +160,40 @@ OPTIONS = [
     Option("sink_batch_lines", "lines per InfluxDB write request", type=_positive_int, default=5000, metavar="N"),
     Option("sink_concurrency", "InfluxDB write requests in flight", type=_positive_int, default=3, metavar="N"),
     Option(
-        "sink_linger_s",
-        "how long a partly filled request waits for more lines, in s",
-        type=_non_negative_float,
+        "sink_linger",
+        "how long a partly filled request waits for more lines",
+        parse_duration,
         default=0.05,
-        metavar="SECONDS",
+        deprecated_name="sink_linger_s",
     ),
     Option(
-        "sink_max_backoff_s",
-        "longest wait between retries of a failing write, in s",
-        type=_non_negative_float,
+        "sink_max_backoff",
+        "longest wait between retries of a failing write",
+        parse_duration,
         default=30.0,
-        metavar="SECONDS",
+        deprecated_name="sink_max_backoff_s",
     ),
 ]
 
 
-def config_from_options(values: dict[str, Any]) -> CollectorConfig:
-    """The :class:`CollectorConfig` of resolved option values (checked)."""
-    from gpuprobe.collector.config import CollectorConfig, CollectorConfigError, InfluxSettings, default_collector_id
+def config_from_options(values: dict[str, Any]) -> CollectorSettings:
+    """The :class:`CollectorSettings` of resolved option values (checked)."""
+    from gpuprobe.collector.settings import CollectorConfigError, CollectorSettings, default_collector_id
     from gpuprobe.collector.sink import SinkSettings
     from gpuprobe.collector.validate import Limits
+    from gpuprobe.influx.settings import InfluxSettings
 
     try:
         limits = Limits(
-            max_clock_skew_s=values["max_clock_skew_s"],
-            max_sample_age_s=values["max_sample_age_s"],
+            max_clock_skew_s=values["max_clock_skew"],
+            max_sample_age_s=values["max_sample_age"],
             timestamp_policy=values["timestamp_policy"],
             max_tag_bytes=values["max_tag_bytes"],
             max_message_bytes=values["max_message_bytes"],
         )
     except ValueError as exc:
         raise CollectorConfigError(str(exc)) from None
-    config = CollectorConfig(
+    config = CollectorSettings(
         listen=values["listen"],
         wal_dir=values["wal"],
         wal_max_bytes=values["wal_max_bytes"],
@@ -211,28 +208,23 @@ def config_from_options(values: dict[str, Any]) -> CollectorConfig:
         insecure=values["insecure"],
         metrics_listen=values["metrics_listen"],
         limits=limits,
-        influx=InfluxSettings(
-            url=values["influx_url"],
+        influx=InfluxSettings.from_option_values(
+            values,
             api=values["influx_api"],
-            database=values["influx_db"],
-            retention_policy=values["influx_rp"],
-            username=values["influx_username"],
-            password=values["influx_password"],
-            token=values["influx_token"],
             org=values["influx_org"],
             bucket=values["influx_bucket"],
             create_database=values["influx_create_db"],
-            retention=values["influx_retention"],
+            # an InfluxQL duration literal (format_duration writes one); 0 or unset: infinite
+            retention=format_duration(values["influx_retention"]) if values["influx_retention"] else "",
             ca_file=values["influx_ca"],
-            timeout_s=values["influx_timeout_s"],
             gzip_level=values["influx_gzip_level"],
         ),
         sink=SinkSettings(
             batch_lines=values["sink_batch_lines"],
             concurrency=values["sink_concurrency"],
-            linger_s=values["sink_linger_s"],
-            backoff_max_s=max(values["sink_max_backoff_s"], 0.01),
-            backoff_initial_s=min(0.5, max(values["sink_max_backoff_s"], 0.01)),
+            linger_s=values["sink_linger"],
+            backoff_max_s=max(values["sink_max_backoff"], 0.01),
+            backoff_initial_s=min(0.5, max(values["sink_max_backoff"], 0.01)),
         ),
     )
     config.check()
@@ -241,8 +233,8 @@ def config_from_options(values: dict[str, Any]) -> CollectorConfig:
 
 def run(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.collector.auth import AuthConfigError
-    from gpuprobe.collector.config import CollectorConfigError
     from gpuprobe.collector.runner import run as run_collector
+    from gpuprobe.collector.settings import CollectorConfigError
     from gpuprobe.collector.wal import WalError
 
     try:

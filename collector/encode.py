@@ -1,29 +1,9 @@
-"""Samples to InfluxDB line protocol, by hand, exactly (the storage schema is docs/schema.md).
+"""Samples to InfluxDB line protocol, exactly (the storage schema is docs/schema.md).
 
-A line is ``measurement,tag=value,... field=value,... timestamp_ns``. The rules this module follows
-(InfluxDB line protocol reference, checked against the real InfluxDB 1.6 in the tests):
-
-==================  =====================================================================
-element             how it is written
-==================  =====================================================================
-measurement         ``,`` and space escaped with a backslash (ours are fixed ASCII names)
-tag key, field key  ``,``, ``=`` and space escaped (ours are fixed ``[a-z0-9_]`` names)
-tag value           ``,``, ``=`` and space escaped; other characters as they are. Values
-                    with control characters (newline!), lone surrogates or a trailing
-                    backslash are refused before they get here (:mod:`.validate`), and
-                    :func:`escape_tag_value` refuses them again, so no input can end a line
-                    early and inject a second point. Empty values: the tag is left out.
-float field         the shortest text that reads back as the same double (``0.1``, ``1e+16``,
-                    ``5e-324``; formatted by orjson's Ryu, identical to what InfluxDB parses);
-                    NaN and infinities are never written
-integer field       decimal with the ``i`` suffix, within int64 (InfluxDB has no uint64 by
-                    default); larger values are refused
-boolean field       ``true`` / ``false``
-string field        in double quotes, ``"`` and ``\\`` escaped with a backslash
-timestamp           integer ns since the epoch, the agent's own (a replay overwrites itself)
-==================  =====================================================================
-
-Tags are written sorted by key, as InfluxDB recommends. Every line ends with ``\\n``.
+How each name and value is escaped and formatted is :mod:`gpuprobe.influx.lineprotocol`'s job (the
+one writer gpuprobe has); this module decides which samples and values become which lines, and
+does it fast. Values that cannot be stored (NaN, beyond int64, a bad string, an unknown GPU, a
+timestamp out of the window) are dropped and reported, never altered.
 
 The hot path is :class:`StreamEncoder`, one per agent stream: the tag part of each series
 (``gpu,cluster=...,host=...,uuid=... ``) is escaped once and cached. The GPU samples of a batch are
@@ -40,7 +20,6 @@ what it dropped. Both paths write identical text.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -49,8 +28,8 @@ from typing import Any
 
 import orjson
 from google.protobuf.message import Message
+
 from gpuprobe.collector.validate import (
-    INT64_MAX,
     INVALID_STRING,
     MISSING_FIELD,
     NON_FINITE_VALUE,
@@ -61,9 +40,9 @@ from gpuprobe.collector.validate import (
     Problems,
     clean_string_field,
     sensor_name_problem,
-    tag_value_problem,
 )
-
+from gpuprobe.influx.lineprotocol import float_text, quote_string_field, series_prefix
+from gpuprobe.influx.storable import INT64_MAX, tag_value_problem
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 # measurement names (docs/schema.md)
@@ -100,90 +79,6 @@ SOURCES: dict[int, str] = {
     telemetry_pb2.ACOUSTIC_SOURCE_MIC: "mic",
     telemetry_pb2.ACOUSTIC_SOURCE_PROXY: "proxy",
 }
-
-
-class UnrepresentableError(ValueError):
-    """A name or value that line protocol cannot carry exactly (the message says why)."""
-
-
-# --- escaping ------------------------------------------------------------------------------------
-
-
-def escape_measurement(name: str) -> str:
-    """A measurement name with ``,`` and space escaped."""
-    _refuse_control(name, "measurement")
-    if not name:
-        raise UnrepresentableError("measurement name is empty")
-    return name.replace(",", "\\,").replace(" ", "\\ ")
-
-
-def escape_key(key: str) -> str:
-    """A tag or field key with ``,``, ``=`` and space escaped."""
-    _refuse_control(key, "key")
-    if not key or key.endswith("\\"):
-        raise UnrepresentableError(f"key {key!r} is empty or ends with a backslash")
-    return key.replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
-
-
-def escape_tag_value(value: str) -> str:
-    """A tag value with ``,``, ``=`` and space escaped; :class:`UnrepresentableError` if it cannot be
-    written exactly (empty, control characters, lone surrogates, a trailing backslash)."""
-    problem = tag_value_problem(value, max_bytes=1 << 30)
-    if problem is not None:
-        raise UnrepresentableError(f"tag value {value[:80]!r} {problem}")
-    return value.replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
-
-
-def quote_string_field(value: str) -> str:
-    """A string field value in double quotes with ``"`` and ``\\`` escaped (no control characters)."""
-    _refuse_control(value, "string field")
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _refuse_control(text: str, what: str) -> None:
-    for char in text:
-        if char < " " or "\x7f" <= char <= "\x9f" or "\ud800" <= char <= "\udfff":
-            raise UnrepresentableError(f"{what} {text[:80]!r} contains {char!r}")
-
-
-def field_text(value: float | int | bool | str) -> str:
-    """One field value as line protocol: float ``repr``, ``<n>i``, ``true``/``false`` or a quoted string."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        if not -INT64_MAX - 1 <= value <= INT64_MAX:
-            raise UnrepresentableError(f"integer {value} is outside the int64 range")
-        return f"{value}i"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise UnrepresentableError(f"float {value!r} is not finite")
-        return float_text(value)
-    return quote_string_field(value)
-
-
-def float_text(value: float) -> str:
-    """The shortest decimal text that reads back as ``value`` (finite values only)."""
-    return orjson.dumps(value).decode()
-
-
-def series_prefix(measurement: str, tags: Mapping[str, str]) -> str:
-    """``measurement,k=v,... `` (with the trailing space): tags sorted by key, empty values left out."""
-    parts = [escape_measurement(measurement)]
-    for key in sorted(tags):
-        value = tags[key]
-        if value:
-            parts.append(f"{escape_key(key)}={escape_tag_value(value)}")
-    return ",".join(parts) + " "
-
-
-def encode_line(
-    measurement: str, tags: Mapping[str, str], fields: Mapping[str, float | int | bool | str], time_ns: int
-) -> str:
-    """One exact line (with its ``\\n``); :class:`UnrepresentableError` if anything cannot be written."""
-    if not fields:
-        raise UnrepresentableError("a point needs at least one field")
-    body = ",".join(f"{escape_key(key)}={field_text(value)}" for key, value in fields.items())
-    return f"{series_prefix(measurement, tags)}{body} {int(time_ns)}\n"
 
 
 # --- per-message field tables --------------------------------------------------------------------

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuprobe.config import Option
+from gpuprobe.config import Option, parse_whole_seconds
 from gpuprobe.systemd import (
     UnitSpec,
     default_executable,
@@ -74,7 +74,7 @@ INSTALL_OPTIONS = [
     Option("tokens_file", "per-agent tokens file written to the config", Path, metavar="FILE"),
     Option("metrics_listen", "Prometheus endpoint written to the config", default="0.0.0.0:9447", metavar="HOST:PORT"),
     Option("workers", "collector processes on the port", int, default=1, metavar="N"),
-    Option("watchdog", "systemd watchdog timeout in s", int, 30),
+    Option("watchdog", "systemd watchdog timeout, in whole seconds", parse_whole_seconds, 30),
 ]
 
 

@@ -1,7 +1,7 @@
 """Drains the WAL into InfluxDB: batches of about 5 000 lines, gzip, several requests in flight.
 
-Every answer is classified once (:func:`classify`) and handled so that nothing is lost and nothing
-loops forever:
+Every answer gets its meaning once (:func:`gpuprobe.influx.answers.classify`) and is handled so that
+nothing is lost and nothing loops forever:
 
 =========================  ==============================================================================
 answer                     what the sink does
@@ -16,6 +16,8 @@ unparseable lines)         the message, listed by line number (3.x), or by sendi
                            absent), then send again
 500 "max series per        InfluxDB 1.x refuses new series beyond ``max-series-per-database``: retrying
 database exceeded"         cannot help, so the refused lines are isolated as for 400 and quarantined
+disk full (any status)     "no space left on device", ENOSPC, ...: capped exponential backoff, then send
+                           again; nothing is quarantined because InfluxDB's disk filled
 other 5xx, no answer       capped exponential backoff with jitter, then send again (until it works)
 401 / 403 / 404, other 4xx an alert (an ERROR log line at most once a minute, the ``sink_alerts`` metric,
                            ``sink_up`` 0); the WAL keeps buffering and the request is retried with the
@@ -24,118 +26,46 @@ other 5xx, no answer       capped exponential backoff with jitter, then send aga
 
 Two backends, chosen by ``--influx-api``: :class:`V1Backend` posts to ``/write?db=&rp=&precision=ns``
 with httpx (InfluxDB 1.x, and the v1 compatibility API of 2.x and 3.x); :class:`V2Backend` uses the
-official ``influxdb-client`` (``/api/v2/write`` with org, bucket and token).
+official ``influxdb-client``'s asyncio client (``/api/v2/write`` with org, bucket and token).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
-import enum
-import json
 import logging
-import random
-import re
-import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
+
+from gpuprobe.backoff import Backoff
 from gpuprobe.collector.compression import gunzip_bytes, gzip_bytes
 from gpuprobe.collector.metrics import Metrics
 from gpuprobe.collector.wal import PendingRow, WriteAheadLog
+from gpuprobe.influx.answers import (
+    Answer,
+    Verdict,
+    classify,
+    error_text,
+    parse_retry_after,
+    reason,
+    refused_lines_named,
+)
+from gpuprobe.influx.influxql import InfluxError, parse_results, quote_identifier
+from gpuprobe.influx.settings import InfluxSettings
+
+if TYPE_CHECKING:
+    from influxdb_client.client.influxdb_client_async import InfluxDBClientAsync
+    from influxdb_client.client.write_api_async import WriteApiAsync
 
 log = logging.getLogger(__name__)
 
-_MAX_SERIES = re.compile(r"max[- ]series[- ]per[- ]database|max series per database", re.IGNORECASE)
-_UNPARSEABLE = re.compile(r"unable to parse '(.*?)': ")
-_DROPPED = re.compile(r"dropped=(\d+)")
 _GZIP_INLINE_BYTES = 64 * 1024
 _ALERT_LOG_INTERVAL_S = 60.0
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What one write request got back: the HTTP status (None: no answer), body and Retry-After."""
-
-    status: int | None
-    body: str = ""
-    retry_after_s: float | None = None
-
-
-class Verdict(enum.Enum):
-    WRITTEN = "written"
-    REFUSED_LINES = "refused_lines"
-    TOO_LARGE = "too_large"
-    THROTTLED = "throttled"
-    SERIES_LIMIT = "series_limit"
-    RETRY = "retry"
-    ALERT = "alert"
-
-
-def classify(answer: Answer) -> Verdict:
-    """The one place where an InfluxDB answer gets its meaning (see the module docstring)."""
-    status = answer.status
-    if status is None or status == 408:
-        return Verdict.RETRY
-    if 200 <= status < 300:
-        return Verdict.WRITTEN
-    if status in (400, 422):
-        return Verdict.REFUSED_LINES
-    if status == 413:
-        return Verdict.TOO_LARGE
-    if status in (429, 503):
-        return Verdict.THROTTLED
-    if status >= 500:
-        return Verdict.SERIES_LIMIT if _MAX_SERIES.search(answer.body) else Verdict.RETRY
-    return Verdict.ALERT
-
-
-def parse_retry_after(value: str | None, now_s: float | None = None) -> float | None:
-    """``Retry-After`` as seconds from now: delta-seconds or an HTTP date; None when absent or bad."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now_s is None else now_s))
-
-
-def refused_lines_named(answer: Answer, lines: Sequence[bytes]) -> tuple[set[int], int | None]:
-    """Which of ``lines`` the answer names as refused (positions), and its ``dropped=N`` count of
-    refused lines it does *not* name (None when it gives no count)."""
-    named: set[int] = set()
-    body = answer.body
-    try:
-        document = json.loads(body)
-    except ValueError:
-        document = None
-    if isinstance(document, dict) and isinstance(document.get("data"), list):  # InfluxDB 3.x
-        for item in document["data"]:
-            number = item.get("line_number") if isinstance(item, dict) else None
-            if isinstance(number, int) and 1 <= number <= len(lines):
-                named.add(number - 1)
-        return named, 0 if named else None
-    if isinstance(document, dict) and isinstance(document.get("error"), str):
-        body = document["error"]
-    texts = set(_UNPARSEABLE.findall(body))
-    if texts:
-        for position, line in enumerate(lines):
-            if line.decode(errors="replace") in texts:
-                named.add(position)
-    dropped = _DROPPED.search(body)
-    return named, int(dropped.group(1)) if dropped else None
+_ANSWER_BODY_MAX_CHARS = 8000  # InfluxDB's messages are short; a proxy's HTML page need not be kept whole
 
 
 class Backend(Protocol):
@@ -152,10 +82,6 @@ class Backend(Protocol):
         """Called after a 404; True when something was fixed and an immediate retry makes sense."""
 
     async def close(self) -> None: ...
-
-
-def _quote_identifier(name: str) -> str:
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class V1Backend:
@@ -179,77 +105,89 @@ class V1Backend:
         create_database: bool = False,
         retention: str = "",
     ) -> None:
-        self.url = url.rstrip("/")
-        self.database = database
-        self.retention_policy = retention_policy
-        self.gzip_level = gzip_level
-        self.create = create_database
-        self.retention = retention
-        headers = {"Content-Type": "text/plain; charset=utf-8", "User-Agent": "gpuprobe-collector"}
+        self.settings = settings = InfluxSettings(
+            url=url,
+            database=database,
+            retention_policy=retention_policy,
+            username=username,
+            password=password,
+            token=token,
+            create_database=create_database,
+            retention=retention,
+            ca_file=ca_file,
+            timeout_s=timeout_s,
+            gzip_level=gzip_level,
+        )
+        self._headers = {"User-Agent": "gpuprobe-collector", **settings.auth_headers()}
+        self._write_headers = {**self._headers, "Content-Type": "text/plain; charset=utf-8"}
         if gzip_level > 0:
-            headers["Content-Encoding"] = "gzip"
-        if token:
-            headers["Authorization"] = f"Token {token}"
-        self._headers = headers
-        self._params = {"db": database, "precision": "ns"}
-        if retention_policy:
-            self._params["rp"] = retention_policy
-        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
+            self._write_headers["Content-Encoding"] = "gzip"
+        self._params = settings.write_params()
         self._client = httpx.AsyncClient(
-            base_url=self.url,
+            base_url=settings.base_url,
             timeout=timeout_s,
-            verify=verify,
-            auth=httpx.BasicAuth(username, password) if username else None,
+            verify=settings.verify(),
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
         )
 
     async def write(self, body: bytes) -> Answer:
         data = body
-        if self.gzip_level > 0:
-            if len(body) > _GZIP_INLINE_BYTES:
-                data = await asyncio.to_thread(gzip_bytes, body, self.gzip_level)
+        level = self.settings.gzip_level
+        if level > 0:
+            if len(body) > _GZIP_INLINE_BYTES:  # larger bodies compress in a thread, off the event loop
+                data = await asyncio.to_thread(gzip_bytes, body, level)
             else:
-                data = gzip_bytes(body, self.gzip_level)
+                data = gzip_bytes(body, level)
         try:
-            response = await self._client.post("/write", params=self._params, content=data, headers=self._headers)
+            response = await self._client.post("/write", params=self._params, content=data, headers=self._write_headers)
         except httpx.HTTPError as exc:
             return Answer(None, f"{type(exc).__name__}: {exc}".strip())
         return Answer(
-            response.status_code, response.text[:8000], parse_retry_after(response.headers.get("Retry-After"))
+            response.status_code,
+            response.text[:_ANSWER_BODY_MAX_CHARS],
+            parse_retry_after(response.headers.get("Retry-After")),
         )
 
     async def query(self, influxql: str) -> Answer:
-        headers = {k: v for k, v in self._headers.items() if k in ("Authorization", "User-Agent")}
         try:
-            response = await self._client.post("/query", params={"q": influxql}, headers=headers)
+            response = await self._client.post("/query", params={"q": influxql}, headers=self._headers)
         except httpx.HTTPError as exc:
             return Answer(None, f"{type(exc).__name__}: {exc}")
-        return Answer(response.status_code, response.text[:8000])
+        return Answer(response.status_code, response.text[:_ANSWER_BODY_MAX_CHARS])
 
     async def prepare(self) -> None:
-        if self.create:
+        if self.settings.create_database:
             await self._create()
 
     async def on_not_found(self) -> bool:
-        return await self._create() if self.create else False
+        return await self._create() if self.settings.create_database else False
 
     async def _create(self) -> bool:
-        db = _quote_identifier(self.database)
+        settings = self.settings
+        db = quote_identifier(settings.database)
         statements = [f"CREATE DATABASE {db}"]
-        if self.retention_policy:
-            duration = self.retention or "INF"
+        if settings.retention_policy:
+            duration = settings.retention or "INF"
             statements.append(
-                f"CREATE RETENTION POLICY {_quote_identifier(self.retention_policy)} ON {db} "
+                f"CREATE RETENTION POLICY {quote_identifier(settings.retention_policy)} ON {db} "
                 f"DURATION {duration} REPLICATION 1"
             )
         ok = True
         for statement in statements:
             answer = await self.query(statement)
-            failed = answer.status != 200 or '"error"' in answer.body
-            if failed and "already exists" not in answer.body:
-                log.error("InfluxDB refused %r: %s %s", statement, answer.status, answer.body[:500])
+            if answer.status == 200:
+                try:
+                    parse_results(answer.body, statement)
+                except InfluxError as exc:
+                    problem = exc.message
+                else:
+                    problem = ""
+            else:
+                problem = f"{answer.status}: {error_text(answer.body)}"
+            if problem and "already exists" not in problem:
+                log.error("InfluxDB refused %r: %s", statement, problem[:500])
                 ok = False
-            elif not failed:
+            elif not problem:
                 log.info("InfluxDB: %s", statement)
         return ok
 
@@ -258,7 +196,10 @@ class V1Backend:
 
 
 class V2Backend:
-    """``/api/v2/write`` through the official ``influxdb-client`` (org, bucket, token, gzip)."""
+    """``/api/v2/write`` through ``influxdb-client``'s asyncio client (org, bucket, token, gzip).
+
+    The client is made on the first write, inside the running event loop: its aiohttp session
+    belongs to the loop it was made in."""
 
     name = "v2"
 
@@ -274,41 +215,48 @@ class V2Backend:
         connections: int = 4,
         ca_file: str = "",
     ) -> None:
-        from influxdb_client.client.influxdb_client import InfluxDBClient
-        from influxdb_client.client.write_api import SYNCHRONOUS
-
         self.url = url
         self.org = org
         self.bucket = bucket
-        extra: dict[str, Any] = {"ssl_ca_cert": ca_file} if ca_file else {}
-        self._client = InfluxDBClient(
-            url=url,
-            token=token,
-            org=org,
-            enable_gzip=gzip,
-            timeout=int(timeout_s * 1000),
-            connection_pool_maxsize=connections,
-            **extra,
-        )
-        self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
+        self._token = token
+        self._gzip = gzip
+        self._timeout_s = timeout_s
+        self._connections = connections
+        self._ca_file = ca_file
+        self._client: InfluxDBClientAsync | None = None
+        self._write_api: WriteApiAsync | None = None
 
-    def _write_blocking(self, body: bytes) -> Answer:
+    def _writer(self) -> WriteApiAsync:
+        if self._write_api is None:
+            from influxdb_client.client.influxdb_client_async import InfluxDBClientAsync
+
+            self._client = InfluxDBClientAsync(
+                url=self.url,
+                token=self._token,
+                org=self.org,
+                enable_gzip=self._gzip,
+                timeout=int(self._timeout_s * 1000),  # ms, for the whole request
+                connection_pool_maxsize=self._connections,
+                ssl_ca_cert=self._ca_file or None,
+            )
+            self._write_api = self._client.write_api()
+        return self._write_api
+
+    async def write(self, body: bytes) -> Answer:
+        import aiohttp
         from influxdb_client.domain.write_precision import WritePrecision
         from influxdb_client.rest import ApiException
 
+        precision: Any = WritePrecision.NS  # a str constant; the stubs ask for the enum-like class
         try:
-            precision: Any = WritePrecision.NS
-            self._write_api.write(bucket=self.bucket, org=self.org, record=body, write_precision=precision)
+            await self._writer().write(bucket=self.bucket, org=self.org, record=body, write_precision=precision)
         except ApiException as exc:
-            headers: Any = exc.headers or {}
+            retry_after = exc.headers.get("Retry-After") if exc.headers else None
             text = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or exc.reason)
-            return Answer(exc.status, text[:8000], parse_retry_after(headers.get("Retry-After")))
-        except Exception as exc:  # urllib3 and socket errors: no answer
+            return Answer(exc.status, text[:_ANSWER_BODY_MAX_CHARS], parse_retry_after(retry_after))
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:  # no answer
             return Answer(None, f"{type(exc).__name__}: {exc}")
         return Answer(204)
-
-    async def write(self, body: bytes) -> Answer:
-        return await asyncio.to_thread(self._write_blocking, body)
 
     async def prepare(self) -> None:
         return None
@@ -317,7 +265,9 @@ class V2Backend:
         return False
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._client.close)
+        if self._client is not None:
+            await self._client.close()  # type: ignore[no-untyped-call]  # influxdb-client leaves it unannotated
+            self._client = self._write_api = None
 
 
 @dataclass(frozen=True)
@@ -345,6 +295,8 @@ class Sink:
         self._queue: asyncio.Queue[list[PendingRow]] = asyncio.Queue(maxsize=max(1, settings.concurrency))
         self._tasks: list[asyncio.Task[None]] = []
         self._last_alert_log: dict[int | None, float] = {}
+        self._last_retry_log: dict[tuple[int | None, str], float] = {}
+        self._retries_unlogged = 0
         self._settling: set[asyncio.Future[None]] = set()
         self.up = True
         wal.add_listener(self._wake.set)
@@ -389,7 +341,7 @@ class Sink:
         while True:
             rows = await self._queue.get()
             refused: list[tuple[bytes, int | None, str]] = []
-            attempt = 0
+            backoff = self._backoff()
             while True:
                 try:
                     body = await asyncio.to_thread(_rows_body, rows)
@@ -398,8 +350,7 @@ class Sink:
                 except Exception:  # a bug must not lose the rows: they are sent again
                     log.exception("sending %d WAL rows failed unexpectedly; sending them again", len(rows))
                     refused.clear()
-                    await asyncio.sleep(self._backoff(attempt))
-                    attempt += 1
+                    await backoff.wait()
             # deleting the rows waits for a WAL commit (an fsync): the next request need not wait for it
             settle = asyncio.ensure_future(self.wal.settle(rows, refused))
             self._settling.add(settle)
@@ -430,7 +381,7 @@ class Sink:
         budget = [self.settings.isolate_budget]
         named, unnamed = refused_lines_named(answer, lines) if verdict is Verdict.REFUSED_LINES else (set(), None)
         for position in sorted(named):
-            refused.append((lines[position], answer.status, _reason(answer)))
+            refused.append((lines[position], answer.status, reason(answer)))
         if named and unnamed == 0:
             return  # every refused line is named; InfluxDB stored the others
         rest = [line for position, line in enumerate(lines) if position not in named]
@@ -461,7 +412,7 @@ class Sink:
         would tell nothing new."""
         if not known_bad:
             if budget[0] <= 0:
-                refused.extend((line, answer.status, _reason(answer) + " (not isolated further)") for line in lines)
+                refused.extend((line, answer.status, reason(answer) + " (not isolated further)") for line in lines)
                 return
             budget[0] -= 1
             answer = await self._send_until_settled(_body(lines), len(lines))
@@ -472,10 +423,10 @@ class Sink:
                 await self._split(lines, answer, refused)
                 return
         if len(lines) == 1:
-            refused.append((lines[0], answer.status, _reason(answer)))
+            refused.append((lines[0], answer.status, reason(answer)))
             return
         if budget[0] <= 0:
-            refused.extend((line, answer.status, _reason(answer) + " (not isolated further)") for line in lines)
+            refused.extend((line, answer.status, reason(answer) + " (not isolated further)") for line in lines)
             return
         middle = len(lines) // 2
         for half in (lines[:middle], lines[middle:]):
@@ -484,7 +435,7 @@ class Sink:
     async def _send_until_settled(self, body: bytes, count: int) -> Answer:
         """Sends until the answer is final for these lines: written, refused, too large or series limit.
         Throttling, server errors, no answer and alerts are waited out here (the WAL keeps buffering)."""
-        attempt = 0
+        backoff = self._backoff()
         while True:
             started = time.perf_counter()
             answer = await self.backend.write(body)
@@ -502,28 +453,42 @@ class Sink:
                 self._alert(answer)
                 if answer.status == 404 and await self.backend.on_not_found():
                     continue
-                delay = self._backoff(attempt)
+                delay = backoff.next_delay_s()
             elif verdict is Verdict.THROTTLED and answer.retry_after_s is not None:
                 delay = min(answer.retry_after_s, self.settings.retry_after_max_s)
                 log.warning("InfluxDB answered %s; waiting Retry-After %.1f s", answer.status, delay)
             else:
-                delay = self._backoff(attempt)
-                log.warning(
-                    "InfluxDB write failed (%s: %s); retrying in %.1f s",
-                    answer.status if answer.status is not None else "no answer",
-                    answer.body[:300],
-                    delay,
-                )
-                if answer.status is None:
-                    self._set_up(False)
+                # InfluxDB is down or failing (a full disk among others): it does not accept writes
+                delay = backoff.next_delay_s()
+                self._set_up(False)
+                self._log_retry(answer, delay)
             self.metrics.sink_retry(verdict.value)
-            attempt += 1
             await asyncio.sleep(delay)
 
-    def _backoff(self, attempt: int) -> float:
-        """Capped exponential backoff with equal jitter: in [d/2, d], d = initial * 2**attempt <= max."""
-        ceiling = min(self.settings.backoff_max_s, self.settings.backoff_initial_s * (2 ** min(attempt, 30)))
-        return random.uniform(ceiling / 2, ceiling)
+    def _backoff(self) -> Backoff:
+        return Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
+
+    def _log_retry(self, answer: Answer, delay_s: float) -> None:
+        """One line per kind of failure a minute, not one per request (several are in flight)."""
+        now = time.monotonic()
+        key = (answer.status, answer.body[:80])
+        if now - self._last_retry_log.get(key, -1e9) < _ALERT_LOG_INTERVAL_S:
+            self._retries_unlogged += 1
+            return
+        self._last_retry_log[key] = now
+        also = (
+            f" ({self._retries_unlogged} more failed requests since the last such line)"
+            if self._retries_unlogged
+            else ""
+        )
+        self._retries_unlogged = 0
+        log.warning(
+            "InfluxDB write failed (%s: %s); retrying in %.1f s, the WAL keeps the lines%s",
+            answer.status if answer.status is not None else "no answer",
+            answer.body[:300],
+            delay_s,
+            also,
+        )
 
     def _alert(self, answer: Answer) -> None:
         self._set_up(False)
@@ -563,13 +528,3 @@ def quarantine_label(status: int | None) -> str:
     if status in (400, 422):
         return "refused_lines"
     return "series_limit"
-
-
-def _reason(answer: Answer) -> str:
-    verdict = classify(answer)
-    text = answer.body.strip()
-    with contextlib.suppress(ValueError):
-        document = json.loads(text)
-        if isinstance(document, dict) and isinstance(document.get("error"), str):
-            text = document["error"]
-    return f"{verdict.value}: {text[:1000]}" if text else verdict.value

@@ -23,7 +23,10 @@ String rules (tag values: identity labels, GPU uuid and model, workload, probe i
 * not ending with a backslash: InfluxDB's line-protocol parser (1.x and 2.x) reads a trailing
   backslash as escaping the separator after it, so such a value cannot be written at all;
 * everything else (commas, spaces, ``=``, quotes, inner backslashes, any Unicode) is escaped by
-  :mod:`gpuprobe.collector.encode` and reads back exactly.
+  :mod:`gpuprobe.influx.lineprotocol` and reads back exactly.
+
+The string checks themselves are line protocol's (:func:`gpuprobe.influx.storable.tag_value_problem`);
+this module applies them with the collector's limits and turns them into stream errors and reports.
 
 Free-text string *fields* (``ProbeEvent.message``) are not refused: control characters are
 replaced by a space and the text is cut to ``Limits.max_string_field_bytes``.
@@ -36,13 +39,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from gpuprobe.errors import ProtocolError
+from gpuprobe.influx.storable import CONTROL_CHARS, INT64_MAX, tag_value_problem
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
-INT64_MAX = 2**63 - 1
 NS_PER_S = 1_000_000_000
 
-# Control characters (C0, DEL, C1) and lone surrogates: never stored in a tag value.
-_BAD_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 # hwmon sensor names as the contract defines them (lower case, digits, underscore).
 _SENSOR_NAME = re.compile(r"[a-z0-9_]{1,64}")
 
@@ -107,7 +109,7 @@ class Limits:
         return low, high
 
 
-class StreamError(Exception):
+class StreamError(ProtocolError):
     """Ends the stream with ``code`` and ``message`` (which the agent logs)."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
@@ -116,26 +118,10 @@ class StreamError(Exception):
         self.message = message
 
 
-def tag_value_problem(value: str, max_bytes: int) -> str | None:
-    """Why ``value`` cannot be stored as a tag value, or None when it can (empty counts as a problem)."""
-    if not value:
-        return "is empty"
-    match = _BAD_CHARS.search(value)
-    if match is not None:
-        char = match.group()
-        kind = "a lone surrogate" if "\ud800" <= char <= "\udfff" else "a control character"
-        return f"contains {kind} ({char!r}) at position {match.start()}"
-    if len(value) * 4 > max_bytes and len(value.encode()) > max_bytes:
-        return f"is {len(value.encode())} bytes long, more than the limit of {max_bytes}"
-    if value.endswith("\\"):
-        return "ends with a backslash, which InfluxDB line protocol cannot represent in a tag value"
-    return None
-
-
 def clean_string_field(value: str, max_bytes: int) -> str:
     """Free text for a string field: control characters become spaces, cut to ``max_bytes`` of UTF-8."""
-    if _BAD_CHARS.search(value) is not None:
-        value = _BAD_CHARS.sub(" ", value)
+    if CONTROL_CHARS.search(value) is not None:
+        value = CONTROL_CHARS.sub(" ", value)
     if len(value) * 4 > max_bytes:
         raw = value.encode()
         if len(raw) > max_bytes:

@@ -2,7 +2,7 @@
 
 :class:`ControlClient` is self-contained: an agent embeds it with one call in its event loop::
 
-    settings = control.cli.control_settings(values, identity, control_dir=..., agent_socket=...)
+    settings = control.settings.control_settings(values, identity, control_dir=..., agent_socket=...)
     client = ControlClient(settings, gpus=..., status=lambda: {...})
     task = asyncio.create_task(client.run())      # ... and on shutdown: client.request_stop(); await task
 
@@ -30,23 +30,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from google.protobuf.message import DecodeError
-from gpuprobe.control import mqtt, replay, selector, signing, topics
-from gpuprobe.control.gpus import GpuReader, NvmlGpus
-from gpuprobe.control.probe import TRAINER_COMMAND, ProbePlan, ProbeRun
-from gpuprobe.trainer import catalog
 
-from gpuprobe import __version__
+from gpuprobe.backoff import Backoff
+from gpuprobe.control import mqtt, replay, selector, signing, topics
+from gpuprobe.control.gpus import GpuReader, SensorGpus
+from gpuprobe.control.probe import ProbePlan, ProbeRun
+from gpuprobe.control.settings import ControlSettings
+from gpuprobe.trainer import catalog
 from gpuprobe.v1 import common_pb2, control_pb2
 
 log = logging.getLogger(__name__)
@@ -54,31 +52,6 @@ log = logging.getLogger(__name__)
 R = control_pb2  # refusal reasons are control_pb2.REFUSAL_REASON_*
 MAX_PHASE_S = 86400.0
 PresenceStatus = Callable[[], dict[str, Any]]
-
-
-@dataclass
-class ControlSettings:
-    broker: mqtt.BrokerSettings
-    identity: common_pb2.AgentIdentity
-    trusted_keys: dict[str, Ed25519PublicKey]
-    state_dir: Path
-    agent_socket: Path | None = None
-    presence_interval_s: float = 30.0
-    max_command_lifetime_s: float = signing.DEFAULT_MAX_LIFETIME_S
-    clock_skew_s: float = signing.DEFAULT_CLOCK_SKEW_S
-    keepalive_s: int = 30
-    reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 30.0
-    auth_retry_s: float = 60.0
-    sample_interval_s: float = 0.1
-    result_retention_s: float = 86400.0
-    trainer_command: Sequence[str] = TRAINER_COMMAND
-    agent_version: str = __version__
-    telemetry_interval_s: float = 0.0  # the agent's sampling interval, shown in the presence
-
-    @property
-    def host(self) -> str:
-        return self.identity.host
 
 
 class _RateLimit:
@@ -118,7 +91,7 @@ class ControlClient:
     ) -> None:
         self.settings = settings
         topics.check_segment(settings.host, "host name")
-        self.gpus: GpuReader = gpus if gpus is not None else NvmlGpus()
+        self.gpus: GpuReader = gpus if gpus is not None else SensorGpus()
         self.status = status
         self.replay = replay.ReplayStore(settings.state_dir)
         self.results_dir = settings.state_dir / "results"
@@ -151,19 +124,21 @@ class ControlClient:
             ", ".join(sorted(self.settings.trusted_keys)) or "none",
             ", ".join(self.workloads),
         )
-        delay = self.settings.reconnect_min_s
+        backoff = Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s)
         while not self._stopping.is_set():
             try:
                 await self._session()
-                delay = self.settings.reconnect_min_s
+                backoff.reset()
+                delay = backoff.next_delay_s()
             except Exception as e:
                 if self._stopping.is_set():
                     break
                 message = mqtt.describe_error(e, self.settings.broker)
                 if mqtt.is_auth_error(e):
-                    log.error("%s; retrying in %.0f s", message, self.settings.auth_retry_s)
                     delay = self.settings.auth_retry_s
+                    log.error("%s; retrying in %.0f s", message, delay)
                 else:
+                    delay = backoff.next_delay_s()
                     log.warning("%s; reconnecting in %.1f s", message, delay)
             finally:
                 self._client = None
@@ -171,8 +146,7 @@ class ControlClient:
             if self._stopping.is_set():
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay * random.uniform(0.8, 1.2))
-            delay = min(self.settings.reconnect_max_s, max(delay, self.settings.reconnect_min_s) * 2)
+                await asyncio.wait_for(self._stopping.wait(), delay)
         await self._finish_probe_offline()
 
     async def _finish_probe_offline(self) -> None:

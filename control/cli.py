@@ -20,15 +20,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gpuprobe.config import Command, ConfigError, Option, parse_duration
 from gpuprobe.control.mqtt import MQTT_OPTIONS
+from gpuprobe.control.settings import CONTROL_OPTIONS, RETRY_OPTIONS, TRUSTED_KEYS, control_settings
 from gpuprobe.trainer import catalog
 
-from gpuprobe.cli import Command
-from gpuprobe.config import ConfigError, Option
-
 log = logging.getLogger("gpuprobe.control")
-
-DEFAULT_STATE_DIR = "/var/lib/gpuprobe/control"
 
 
 def _error(command: str, message: str, code: int = 2) -> int:
@@ -46,10 +43,6 @@ def _gpu_list(text: str) -> list[int]:
     return indices
 
 
-def _optional_duration(text: str) -> float:
-    return catalog.parse_duration(text)
-
-
 def _issuer() -> str:
     try:
         user = getpass.getuser()
@@ -63,17 +56,16 @@ ISSUER = Option("issuer", "who issues the command, for the agents' log (default 
 LIFETIME = Option(
     "lifetime",
     "agents refuse the command after this long (at most their maximum, 1 h by default)",
-    catalog.parse_duration,
+    parse_duration,
     300.0,
-    metavar="S",
 )
-WAIT = Option("wait", "how long to wait for the agents' replies", catalog.parse_duration, 5.0, metavar="S")
+WAIT = Option("wait", "how long to wait for the agents' replies", parse_duration, 5.0)
 
 START_OPTIONS = [
     *MQTT_OPTIONS,
     KEY,
     Option("workload", "the workload: " + ", ".join(catalog.WORKLOAD_NAMES) + " (agents refuse anything else)"),
-    Option("duration", "steady-load phase (30, 30s, 2m)", catalog.parse_duration, metavar="S"),
+    Option("duration", "steady-load phase", parse_duration),
     Option(
         "nodes",
         "which agents: all, host names, or KEY=VALUE terms (host, cluster, cloud, instance_type, region)",
@@ -84,15 +76,12 @@ START_OPTIONS = [
     Option(
         "start_in",
         "synchronized start this long after now; leave the nodes time to load torch and build the model",
-        catalog.parse_duration,
+        parse_duration,
         30.0,
-        metavar="S",
     ),
-    Option("idle_baseline", "idle baseline (default: the trainer's, 30 s)", _optional_duration, metavar="S"),
-    Option(
-        "warmup", "warm-up, excluded from the results (default: the trainer's, 10 s)", _optional_duration, metavar="S"
-    ),
-    Option("cooldown", "cool-down (default: the trainer's, 60 s)", _optional_duration, metavar="S"),
+    Option("idle_baseline", "idle baseline (default: the trainer's, 30 s)", parse_duration),
+    Option("warmup", "warm-up, excluded from the results (default: the trainer's, 10 s)", parse_duration),
+    Option("cooldown", "cool-down (default: the trainer's, 60 s)", parse_duration),
     Option("gpus", "GPU indices on each node (default: all of them)", _gpu_list, metavar="I[,I...]"),
     Option("probe_id", "the probe's id (default: generated, p-YYYYMMDD-HHMMSS-xxxx)", default=""),
     LIFETIME,
@@ -104,7 +93,7 @@ START_OPTIONS = [
 STATUS_OPTIONS = [
     *MQTT_OPTIONS,
     Option("once", "print the current state once and exit", is_flag=True, default=False),
-    Option("refresh", "seconds between redraws", catalog.parse_duration, 1.0, metavar="S"),
+    Option("refresh", "time between redraws", parse_duration, 1.0),
 ]
 
 RESULTS_OPTIONS = [
@@ -113,9 +102,8 @@ RESULTS_OPTIONS = [
     Option(
         "wait",
         "wait up to this long for every node that reported progress to have a result",
-        catalog.parse_duration,
+        parse_duration,
         0.0,
-        metavar="S",
     ),
 ]
 
@@ -129,54 +117,8 @@ KEYGEN_OPTIONS = [
     Option("force", "replace existing files", is_flag=True, default=False),
 ]
 
-# The control plane's own options, shared by `gpuprobe control-agent` and `gpuprobe agent --broker`
-# (which embeds the control plane): defined once here.
-TRUSTED_KEYS = Option(
-    "trusted_keys",
-    "operator public keys (PEM) or folders of *.pub files whose commands are accepted",
-    Path,
-    multiple=True,
-    default=[],
-    metavar="PATH",
-)
-CONTROL_DIR = Option(
-    "control_dir",
-    "where the replay memory, results and trainer logs are kept",
-    Path,
-    Path(DEFAULT_STATE_DIR),
-    metavar="DIR",
-)
-CONTROL_OPTIONS = [
-    TRUSTED_KEYS,
-    CONTROL_DIR,
-    Option("presence_interval", "republish the online presence this often", catalog.parse_duration, 30.0, metavar="S"),
-    Option(
-        "max_command_lifetime",
-        "refuse commands that live longer than this",
-        catalog.parse_duration,
-        3600.0,
-        metavar="S",
-    ),
-    Option("clock_skew", "allowed clock difference to the operator", catalog.parse_duration, 30.0, metavar="S"),
-    Option(
-        "mqtt_keepalive", "MQTT keepalive in s (the broker declares the agent lost after 1.5x)", int, 30, metavar="S"
-    ),
-    Option(
-        "result_retention",
-        "republish results of probes this recent after every reconnect",
-        catalog.parse_duration,
-        86400.0,
-        metavar="S",
-    ),
-]
-# Reconnect pauses towards the broker. `gpuprobe agent` has options of these names for the gRPC
-# collector, so it takes them with an `mqtt_` prefix (RETRY_PREFIX); `control-agent` keeps the plain names.
-RETRY_OPTIONS = [
-    Option("reconnect_max", "longest pause between reconnect attempts", catalog.parse_duration, 30.0, metavar="S"),
-    Option("auth_retry", "pause after the broker refused the credentials", catalog.parse_duration, 60.0, metavar="S"),
-]
-RETRY_PREFIX = "mqtt_"
-
+# `gpuprobe control-agent`: the control plane's options (declared once, in control/settings.py, for
+# `gpuprobe agent --broker` too) and the identity that the agent would otherwise give it.
 AGENT_OPTIONS = [
     *MQTT_OPTIONS,
     TRUSTED_KEYS,
@@ -194,49 +136,6 @@ AGENT_OPTIONS = [
     ),
     *RETRY_OPTIONS,
 ]
-
-
-def control_settings(
-    values: dict[str, Any],
-    identity: Any,
-    *,
-    control_dir: Path,
-    agent_socket: Path | None,
-    retry_prefix: str = "",
-    telemetry_interval_s: float = 0.0,
-) -> Any:
-    """``ControlSettings`` from the resolved options (MQTT_OPTIONS, CONTROL_OPTIONS, RETRY_OPTIONS with
-    ``retry_prefix``); raises ConfigError (bad option, no or unreadable trusted keys)."""
-    from gpuprobe.control import keys, topics
-    from gpuprobe.control.agent_side import ControlSettings
-    from gpuprobe.control.mqtt import BrokerSettings
-
-    broker = BrokerSettings.from_values(values)
-    if not values["trusted_keys"]:
-        raise ConfigError("--trusted-keys is required: the operator public keys whose commands this agent runs")
-    try:
-        trusted = keys.load_trusted(values["trusted_keys"])
-        topics.check_segment(identity.host, "host name")
-    except (keys.KeyFileError, ValueError) as e:
-        raise ConfigError(str(e)) from None
-    for name in ("presence_interval", "max_command_lifetime", "clock_skew", "mqtt_keepalive"):
-        if values[name] <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-    return ControlSettings(
-        broker=broker,
-        identity=identity,
-        trusted_keys=trusted,
-        state_dir=control_dir,
-        agent_socket=agent_socket,
-        presence_interval_s=values["presence_interval"],
-        max_command_lifetime_s=values["max_command_lifetime"],
-        clock_skew_s=values["clock_skew"],
-        keepalive_s=values["mqtt_keepalive"],
-        reconnect_max_s=values[retry_prefix + "reconnect_max"],
-        auth_retry_s=values[retry_prefix + "auth_retry"],
-        result_retention_s=values["result_retention"],
-        telemetry_interval_s=telemetry_interval_s,
-    )
 
 
 def _broker(values: dict[str, Any]) -> Any:
@@ -300,7 +199,6 @@ def _keygen(values: dict[str, Any], args: argparse.Namespace) -> int:
 
 def _start(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.control import operator_side, render, selector, signing, topics
-
     from gpuprobe.v1 import control_pb2
 
     name = "probe start"
@@ -424,7 +322,6 @@ def _status(values: dict[str, Any], args: argparse.Namespace) -> int:
 
 def _results(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.control import operator_side, render
-
     from gpuprobe.v1 import common_pb2
 
     probe_id: str = args.probe_id
@@ -465,7 +362,6 @@ def _results(values: dict[str, Any], args: argparse.Namespace) -> int:
 
 def _cancel(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.control import operator_side, render, signing, topics
-
     from gpuprobe.v1 import common_pb2
 
     name = "probe cancel"

@@ -1,4 +1,4 @@
-"""The control plane's view of this node's GPUs through NVML (the only module here that imports pynvml).
+"""What the control plane reads of this node's GPUs, through the agent's GPU sensor.
 
 What a probe result needs: the GPUs' static description for the presence message, and readings of
 power (W), temperature (°C) and the energy counter (J) to compute energy per sample, mean and peak
@@ -6,9 +6,11 @@ power and peak temperature over the steady phase. Without NVML (no driver, no `a
 node has no GPUs: probes run on the CPU and their results carry no energy figures.
 A reading the GPU does not support is ``None`` (absent), never 0.
 
-:class:`GpuReader` is what the control plane needs from a node's GPUs; :class:`NvmlGpus` is its own
-NVML reader (``gpuprobe control-agent``). ``gpuprobe agent --broker`` passes an adapter over the
-readings its own sampler already takes (``gpuprobe.agent.fleet.AgentGpus``), so NVML is read once.
+:class:`GpuReader` is what the control plane needs from a node's GPUs. NVML itself is read in one
+place, ``gpuprobe.agent.sensors.gpu`` (the only module that imports pynvml): ``gpuprobe agent
+--broker`` passes an adapter over the samples its own sampler already takes
+(``gpuprobe.agent.fleet.AgentGpus``), so NVML is read once; ``gpuprobe control-agent``, which runs
+without the agent, opens the same sensor for itself (:class:`SensorGpus`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuprobe.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from gpuprobe.agent.sensors.gpu import GpuSensor
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +36,22 @@ class Reading:
     power_w: float | None
     temp_c: float | None
     energy_j: float | None
+
+    @classmethod
+    def from_sample(cls, sample: Mapping[str, Any]) -> Reading:
+        """From one sample of the GPU sensor (``gpuprobe.agent.sensors.gpu``: keys of the ``gpu`` measurement)."""
+        temp = sample.get("temp_c")
+        return cls(
+            time_unix_ns=sample["time_unix_ns"],
+            power_w=sample.get("power_w"),
+            temp_c=None if temp is None else float(temp),
+            energy_j=sample.get("energy_j"),
+        )
+
+    @classmethod
+    def unknown(cls) -> Reading:
+        """Nothing known now (the GPU is lost, or has not been read yet)."""
+        return cls(time_unix_ns=time.time_ns(), power_w=None, temp_c=None, energy_j=None)
 
 
 class GpuReader(Protocol):
@@ -43,70 +65,34 @@ class GpuReader(Protocol):
     def read(self, index: int) -> Reading: ...
 
 
-class NvmlGpus:
-    """NVML, initialised once; every call is short and thread-safe (NVML is)."""
+class SensorGpus:
+    """The agent's GPU sensor opened for the control plane alone (``gpuprobe control-agent``)."""
 
     def __init__(self) -> None:
-        self._nvml: Any = None
-        self._handles: list[Any] = []
-        self._warned: set[tuple[int, str]] = set()
-        self._infos: list[common_pb2.GpuInfo] | None = None
+        self._sensor: GpuSensor | None = None
+        # the sensor's read buffers are per GPU, not per thread: one read at a time
+        self._lock = threading.Lock()
         try:
-            import pynvml
+            from gpuprobe.agent.sensors.gpu import GpuSensor
 
-            pynvml.nvmlInit()
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            self._nvml = pynvml
-        except Exception as e:  # no library, no driver: a node without GPUs
+            self._sensor = GpuSensor.open()
+        except Exception as e:  # no pynvml, no library, no driver: a node without GPUs
             log.info("NVML is not available (%s): probes run on the CPU without energy figures", e)
-            self._handles = []
 
     @property
     def count(self) -> int:
-        return len(self._handles)
-
-    def _query(self, index: int, what: str, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(self._handles[index], *args)
-        except Exception as e:
-            if (index, what) not in self._warned:
-                self._warned.add((index, what))
-                log.warning("GPU %d: cannot read %s: %s", index, what, e)
-            return None
+        return self._sensor.count if self._sensor is not None else 0
 
     def infos(self) -> list[common_pb2.GpuInfo]:
-        """Static description of every GPU (read once)."""
-        if self._infos is None:
-            self._infos = self._read_infos()
-        return self._infos
-
-    def _read_infos(self) -> list[common_pb2.GpuInfo]:
-        nv = self._nvml
-        out = []
-        for i in range(self.count):
-            info = common_pb2.GpuInfo(index=i)
-            name = self._query(i, "name", nv.nvmlDeviceGetName) if nv else None
-            uuid = self._query(i, "uuid", nv.nvmlDeviceGetUUID) if nv else None
-            memory = self._query(i, "memory", nv.nvmlDeviceGetMemoryInfo) if nv else None
-            info.name = name.decode() if isinstance(name, bytes) else (name or "")
-            info.uuid = uuid.decode() if isinstance(uuid, bytes) else (uuid or "")
-            if memory is not None:
-                info.memory_total_bytes = int(memory.total)
-            out.append(info)
-        return out
+        """Static description of every GPU (read once, when the sensor opened)."""
+        return list(self._sensor.infos) if self._sensor is not None else []
 
     def read(self, index: int) -> Reading:
-        nv = self._nvml
-        t_ns = time.time_ns()
-        power_mw = self._query(index, "power", nv.nvmlDeviceGetPowerUsage)
-        temp = self._query(index, "temperature", nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)
-        energy_mj = self._query(index, "the energy counter", nv.nvmlDeviceGetTotalEnergyConsumption)
-        return Reading(
-            time_unix_ns=t_ns,
-            power_w=None if power_mw is None else power_mw / 1000.0,
-            temp_c=None if temp is None else float(temp),
-            energy_j=None if energy_mj is None else energy_mj / 1000.0,
-        )
+        if self._sensor is None:
+            return Reading.unknown()
+        with self._lock:
+            sample = self._sensor.read_gpu(index)
+        return Reading.from_sample(sample) if sample is not None else Reading.unknown()
 
 
 class Sampler:

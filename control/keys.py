@@ -22,8 +22,10 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from gpuprobe.errors import ConfigError
 
-class KeyFileError(ValueError):
+
+class KeyFileError(ConfigError):
     """A key file that is missing, unreadable or not an Ed25519 key."""
 
 

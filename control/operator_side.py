@@ -17,8 +17,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google.protobuf.message import DecodeError
-from gpuprobe.control import mqtt, selector, signing, topics
 
+from gpuprobe.control import mqtt, selector, signing, topics
 from gpuprobe.v1 import control_pb2
 
 SETTLE_S = 0.4  # retained messages arrive right after SUBACK; this much quiet means they are all here

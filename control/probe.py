@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuprobe.control.gpus import GpuReader, Reading, Sampler, energy_at
+from gpuprobe.control.settings import TRAINER_COMMAND
 from gpuprobe.trainer import catalog
-
 from gpuprobe.v1 import common_pb2, control_pb2
 
 log = logging.getLogger(__name__)
@@ -47,7 +46,6 @@ STATUS_ENUM = {
     "cancelled": common_pb2.PROBE_STATUS_CANCELLED,
 }
 
-TRAINER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "gpuprobe", "train")
 STOP_GRACE_S = 10.0
 
 

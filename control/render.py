@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuprobe.control import signing
-
 from gpuprobe.v1 import common_pb2, control_pb2
 
 

@@ -14,13 +14,13 @@ import uuid
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from google.protobuf.message import DecodeError
-from gpuprobe.control.keys import key_id
 
+from gpuprobe.control.keys import key_id
+from gpuprobe.control.settings import DEFAULT_CLOCK_SKEW_S, DEFAULT_MAX_LIFETIME_S
+from gpuprobe.errors import ProtocolError
 from gpuprobe.v1 import control_pb2
 
 DEFAULT_LIFETIME_S = 300.0
-DEFAULT_MAX_LIFETIME_S = 3600.0
-DEFAULT_CLOCK_SKEW_S = 30.0
 
 REASON_NAMES = {
     value: name.removeprefix("REFUSAL_REASON_").lower()
@@ -29,7 +29,7 @@ REASON_NAMES = {
 }
 
 
-class Refusal(Exception):
+class Refusal(ProtocolError):
     """Why an agent refuses a command; ``command_id`` is known once the payload parsed."""
 
     def __init__(self, reason: int, message: str, command_id: str = "", probe_id: str = "") -> None:

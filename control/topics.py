@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from gpuprobe.errors import ConfigError
+
 PREFIX = "gpuprobe/v1"
 COMMANDS = f"{PREFIX}/commands"
 PRESENCE_ALL = f"{PREFIX}/presence/+"
@@ -24,7 +26,7 @@ _PROBE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 _FORBIDDEN = set("/+#\x00")
 
 
-class TopicError(ValueError):
+class TopicError(ConfigError):
     """A host name or id that cannot be a topic segment."""
 
 

@@ -1,4 +1,9 @@
-"""The one ``gpuprobe`` command. Each part registers its sub-commands as :class:`Command` objects."""
+"""The one ``gpuprobe`` command (the entry point). Each part lists its sub-commands as
+:class:`~gpuprobe.config.Command` objects in its ``cli`` module; this module collects and dispatches them.
+
+Nothing but the entry point (``gpuprobe/__main__.py``, the ``gpuprobe`` script) imports this module:
+the parts' CLI modules take ``Command`` and ``Option`` from :mod:`gpuprobe.config`.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +11,18 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuprobe import __version__
-from gpuprobe.config import CONFIG_ENV, ConfigError, Option, add_options, check_keys, load_file, resolve
-
-Handler = Callable[[dict[str, Any], argparse.Namespace], int]
-
-
-@dataclass(frozen=True)
-class Command:
-    """A leaf command such as ``sim.run``; its options come from flags, environment and file."""
-
-    name: str  # dotted: "sim.run" is `gpuprobe sim run`
-    help: str
-    run: Handler
-    options: list[Option] = field(default_factory=list)
-    description: str | None = None
-    # extra argparse arguments that are not options (positionals such as `-- COMMAND...`)
-    extra_arguments: Callable[[argparse.ArgumentParser], None] | None = None
-
+from gpuprobe.config import CONFIG_ENV, Command, ConfigError, add_options, check_keys, load_file, resolve
 
 GROUP_HELP = {
     "sim": "simulated GPUs at the NVML interface",
     "install": "install a gpuprobe service (systemd unit and configuration)",
     "probe": "fleet-wide training probes over MQTT (signed commands, progress, results)",
+    "import": "import existing GPU logs into InfluxDB as `gpu` points",
 }
 
 
@@ -43,6 +32,7 @@ def all_commands() -> list[Command]:
     from gpuprobe.agent import cli as agent_cli
     from gpuprobe.collector import cli as collector_cli
     from gpuprobe.control import cli as control_cli
+    from gpuprobe.importer import cli as importer_cli
     from gpuprobe.model import cli as model_cli
     from gpuprobe.sim import cli as sim_cli
     from gpuprobe.trainer import cli as trainer_cli
@@ -55,6 +45,7 @@ def all_commands() -> list[Command]:
         *trainer_cli.COMMANDS,
         *control_cli.COMMANDS,
         *model_cli.COMMANDS,
+        *importer_cli.COMMANDS,
     ]
 
 
@@ -121,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         file_data: dict[str, Any] = {}
         if config_path is not None:
             file_data = load_file(config_path)
-            check_keys(file_data, {c.name: {o.name for o in c.options} for c in commands}, config_path)
+            known = {c.name: {key for o in c.options for key in o.file_keys} for c in commands}
+            check_keys(file_data, known, config_path)
         values = resolve(cmd.name, cmd.options, args, file_data, config_path)
     except ConfigError as e:
         parser.exit(2, f"gpuprobe: error: {e}\n")

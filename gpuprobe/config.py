@@ -1,7 +1,10 @@
 """Options that come from a TOML file, ``GPUPROBE_*`` environment variables and flags.
 
-Each command declares its options once (:class:`Option`); :func:`add_options` turns them into
-argparse flags and :func:`resolve` merges the sources with this precedence, highest first::
+Each command declares its options once (:class:`Option`) in its :class:`Command`; the parts' CLI
+modules list their commands and ``gpuprobe.cli`` (the entry point) dispatches them. Both classes live
+here, beside the option machinery, so that a part's CLI never imports the dispatcher that imports it.
+:func:`add_options` turns options into argparse flags and :func:`resolve` merges the sources with this
+precedence, highest first::
 
     --flag  >  GPUPROBE_<NAME> environment variable  >  [command] table in the file  >
     top-level key in the file  >  the option's default
@@ -11,24 +14,88 @@ The file is named by ``--config`` or ``GPUPROBE_CONFIG``. A table is named after
 top-level keys apply to every command that has that option. Keys use underscores
 (``spool_dir``), flags dashes (``--spool-dir``), environment variables upper case
 (``GPUPROBE_SPOOL_DIR``). A key no command knows is an error, so typos do not pass silently.
+
+Every duration option reads its values with :func:`parse_duration` (``30``, ``30.5``, ``30s``, ``500ms``,
+``2m``, ``1h``, ``7d``; a bare number is seconds) and shows ``DURATION`` in ``--help``. An option that was
+renamed keeps its old spelling (:attr:`Option.deprecated_name`) for one release: the old flag, the old
+``GPUPROBE_*`` variable and the old file key still work and log a one-line deprecation warning
+(docs/architecture.md, "Deprecated spellings").
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
+import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# ConfigError is the `ConfigError` branch of the exception tree (gpuprobe.errors); every option
+# parser here raises it, so the parts' CLI modules import it from this module.
+from gpuprobe.errors import ConfigError as ConfigError
+
 ENV_PREFIX = "GPUPROBE_"
 CONFIG_ENV = "GPUPROBE_CONFIG"
+DURATION_METAVAR = "DURATION"
+DURATION_FORMS = "30, 30.5, 30s, 500ms, 2m, 1h, 7d"
+
+log = logging.getLogger(__name__)
+
+_DURATION = re.compile(r"(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(?P<unit>ms|s|min|m|h|d)?")
+_SECONDS_PER_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-class ConfigError(ValueError):
-    """A bad option value, file or key; the message names where the value came from."""
+def parse_duration(text: str) -> float:
+    """Seconds from a duration: a bare number is seconds (``30``, ``30.5``), or a number with a unit
+    (``500ms``, ``30s``, ``2m``, ``1h``, ``7d``). No sign: every duration option is a length of time."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(
+            f"not a duration: {text!r} (use {DURATION_FORMS}: seconds, or a number with the unit ms, s, m, h or d)"
+        )
+    seconds = float(match["number"]) * _SECONDS_PER_UNIT[match["unit"] or "s"]
+    if not math.isfinite(seconds):
+        raise ValueError(f"not a finite duration: {text!r}")
+    return seconds
+
+
+def parse_whole_seconds(text: str) -> int:
+    """A duration (:func:`parse_duration`) that must be whole seconds: systemd's and MQTT's own
+    settings in s (``WatchdogSec``, the MQTT keepalive) have no finer unit."""
+    seconds = parse_duration(text)
+    if not seconds.is_integer():
+        raise ValueError(f"{text!r} is not a whole number of seconds")
+    return int(seconds)
+
+
+def parse_duration_or_none(text: str) -> float | None:
+    """A duration (:func:`parse_duration`), or None for an empty value: for options whose unset
+    state means something (an infinite retention) and that an empty variable has always unset."""
+    return None if not text.strip() else parse_duration(text)
+
+
+# the parsers that make an option a duration option: DURATION in --help, defaults shown with a unit
+DURATION_TYPES: tuple[Callable[[str], Any], ...] = (parse_duration, parse_whole_seconds, parse_duration_or_none)
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` in the largest unit that writes it exactly, a form :func:`parse_duration` reads back
+    (``7d``, ``1h``, ``30s``, ``100ms``): defaults in ``--help``, and InfluxQL duration literals (whose
+    units d, h, m, s and ms are the same)."""
+    for unit, size_s in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+        count = seconds / size_s
+        if count >= 1 and count.is_integer():
+            return f"{int(count)}{unit}"
+    milliseconds = seconds * 1000
+    if seconds > 0 and abs(milliseconds - round(milliseconds)) < 1e-9:
+        return f"{round(milliseconds)}ms"
+    return f"{seconds:g}s"
 
 
 def parse_bool(text: str) -> bool:
@@ -52,6 +119,11 @@ class Option:
     metavar: str | None = None
     multiple: bool = False  # repeatable flag; a TOML array; comma-separated in the environment
     is_flag: bool = False  # a boolean switch (--name / --no-name)
+    # The option's old name, still read (with a deprecation warning) as a flag, an environment
+    # variable and a file key for one release after a rename; docs/architecture.md lists them.
+    deprecated_name: str = ""
+    # How the old spelling reads its values when its unit differed (--period-ms took ms); None: as `type`.
+    deprecated_type: Callable[[str], Any] | None = None
 
     @property
     def flag(self) -> str:
@@ -61,15 +133,35 @@ class Option:
     def env_var(self) -> str:
         return ENV_PREFIX + self.name.upper()
 
+    @property
+    def is_duration(self) -> bool:
+        return self.type in DURATION_TYPES
+
+    @property
+    def file_keys(self) -> tuple[str, ...]:
+        """The keys a config file may set this option with: its name, and its deprecated name."""
+        return (self.name, self.deprecated_name) if self.deprecated_name else (self.name,)
+
+    @property
+    def deprecated_spelling(self) -> Option | None:
+        """The option under its old name (flag, variable and key of the old spelling), or None."""
+        if not self.deprecated_name:
+            return None
+        return dataclasses.replace(
+            self,
+            name=self.deprecated_name,
+            type=self.deprecated_type or self.type,
+            deprecated_name="",
+            deprecated_type=None,
+        )
+
     def convert(self, raw: Any, source: str) -> Any:
         """Turns a value from the environment (a string) or TOML (typed) into the option's type."""
         if self.multiple:
             items = raw.split(",") if isinstance(raw, str) else raw
             if not isinstance(items, list):
                 raise ConfigError(f"{source}: {self.name} must be a list")
-            return [
-                self.convert_one(item.strip() if isinstance(item, str) else item, source) for item in items
-            ]
+            return [self.convert_one(item.strip() if isinstance(item, str) else item, source) for item in items]
         return self.convert_one(raw, source)
 
     def convert_one(self, raw: Any, source: str) -> Any:
@@ -90,30 +182,63 @@ class Option:
         return value
 
 
+Handler = Callable[[dict[str, Any], argparse.Namespace], int]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A leaf command such as ``sim.run``; its options come from flags, environment and file."""
+
+    name: str  # dotted: "sim.run" is `gpuprobe sim run`
+    help: str
+    run: Handler
+    options: list[Option] = field(default_factory=list)
+    description: str | None = None
+    # extra argparse arguments that are not options (positionals such as `-- COMMAND...`)
+    extra_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+
 def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> None:
-    """Adds flags whose absence is visible (``argparse.SUPPRESS``), so lower sources can fill in."""
+    """Adds flags whose absence is visible (``argparse.SUPPRESS``), so lower sources can fill in.
+    A deprecated spelling gets a flag of its own, left out of ``--help`` (the docs list it)."""
     for opt in options:
         where = f"env {opt.env_var}"
-        default = "" if opt.default in (None, [], "") else f"; default {opt.default}"
-        help_text = f"{opt.help} ({where}{default})"
-        if opt.is_flag:
-            parser.add_argument(
-                opt.flag,
-                dest=opt.name,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
-            continue
+        if opt.is_duration:
+            default = "" if opt.default is None else f"; default {format_duration(opt.default)}"
+            help_text = f"{opt.help} (e.g. 30s, 2m; {where}{default})"
+        else:
+            default = "" if opt.default in (None, [], "") else f"; default {opt.default}"
+            help_text = f"{opt.help} ({where}{default})"
+        _add_flag(parser, opt, opt.name, help_text)
+        old = opt.deprecated_spelling
+        if old is not None:
+            _add_flag(parser, old, _deprecated_dest(old.name), argparse.SUPPRESS)
+
+
+def _deprecated_dest(name: str) -> str:
+    # a namespace attribute no option can have (":" is not in option names), so it never shadows one
+    return f"deprecated:{name}"
+
+
+def _add_flag(parser: argparse.ArgumentParser, opt: Option, dest: str, help_text: str) -> None:
+    if opt.is_flag:
         parser.add_argument(
             opt.flag,
-            dest=opt.name,
-            type=_flag_type(opt),
-            action="append" if opt.multiple else "store",
+            dest=dest,
+            action=argparse.BooleanOptionalAction,
             default=argparse.SUPPRESS,
-            metavar=opt.metavar or opt.name.upper(),
             help=help_text,
         )
+        return
+    parser.add_argument(
+        opt.flag,
+        dest=dest,
+        type=_flag_type(opt),
+        action="append" if opt.multiple else "store",
+        default=argparse.SUPPRESS,
+        metavar=DURATION_METAVAR if opt.is_duration else opt.metavar or opt.name.upper(),
+        help=help_text,
+    )
 
 
 def _flag_type(opt: Option) -> Callable[[str], Any]:
@@ -156,9 +281,7 @@ def check_keys(data: Mapping[str, Any], known_by_command: Mapping[str, set[str]]
             dotted = f"{prefix}.{key}" if prefix else key
             if isinstance(value, Mapping):
                 if dotted.split(".")[0] not in command_roots:
-                    raise ConfigError(
-                        f"{path}: unknown table [{dotted}]; commands: {', '.join(sorted(command_roots))}"
-                    )
+                    raise ConfigError(f"{path}: unknown table [{dotted}]; commands: {', '.join(sorted(command_roots))}")
                 walk(value, dotted)
                 continue
             if not prefix:
@@ -195,14 +318,33 @@ def resolve(
             layers.append((f"{file_path} [{'.'.join(parts[:i])}]", table))
     values: dict[str, Any] = {}
     for opt in options:
+        # each source reads the new spelling first, so a half-migrated setup takes the new value
+        old = opt.deprecated_spelling
         if hasattr(args, opt.name):
             values[opt.name] = getattr(args, opt.name)
+        elif old is not None and hasattr(args, _deprecated_dest(old.name)):
+            _warn_deprecated(old.flag, opt.flag)
+            values[opt.name] = getattr(args, _deprecated_dest(old.name))
         elif opt.env_var in env:
             values[opt.name] = opt.convert(env[opt.env_var], f"environment {opt.env_var}")
+        elif old is not None and old.env_var in env:
+            _warn_deprecated(f"environment variable {old.env_var}", opt.env_var)
+            values[opt.name] = old.convert(env[old.env_var], f"environment {old.env_var}")
         else:
             value: Any = opt.default
             for source, layer in layers:
-                if opt.name in layer and not isinstance(layer[opt.name], Mapping):
+                if _has_value(layer, opt.name):
                     value = opt.convert(layer[opt.name], source)
+                elif old is not None and _has_value(layer, old.name):
+                    _warn_deprecated(f"{source}: key {old.name}", f"key {opt.name}")
+                    value = old.convert(layer[old.name], source)
             values[opt.name] = value
     return values
+
+
+def _has_value(layer: Mapping[str, Any], key: str) -> bool:
+    return key in layer and not isinstance(layer[key], Mapping)
+
+
+def _warn_deprecated(old: str, new: str) -> None:
+    log.warning("%s is deprecated and will be removed in the next release; use %s", old, new)

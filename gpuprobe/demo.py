@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from gpuprobe.cli import Command
-from gpuprobe.config import Option
+from gpuprobe.config import Command, Option, parse_duration
+from gpuprobe.errors import ServiceError
 
 NODES = {"node-a": "4xH100-SXM5-80GB", "node-b": "2xA100-SXM4-80GB,L4,RTX-4090"}
 DB = "gpuprobe"
 
 
-class DemoError(RuntimeError):
+class DemoError(ServiceError, RuntimeError):
     pass
 
 
@@ -221,7 +221,7 @@ def run_demo(values: dict[str, Any]) -> int:
         _say("fitting the thermal, acoustic and efficiency models")
         paths = run(
             ModelSettings(
-                influx=InfluxSettings(url=influx.url, db=DB),
+                influx=InfluxSettings(url=influx.url, database=DB, timeout_s=60.0),
                 probe=probe_id,
                 out_dir=out_dir,
                 price_per_gpu_hour=values["price_per_gpu_hour"],
@@ -252,16 +252,10 @@ COMMANDS = [
                 "out", "folder for the report (HTML) and its numbers (JSON)", Path, Path("demo-report"), metavar="DIR"
             ),
             Option("workload", "the probe's workload", default="resnet50"),
-            Option("idle", "idle baseline of the probe, s", float, 15.0, metavar="S"),
-            Option("steady", "steady load of the probe, s", float, 60.0, metavar="S"),
-            Option("cooldown", "cool-down of the probe, s", float, 45.0, metavar="S"),
-            Option(
-                "start_in",
-                "seconds the nodes get to load torch before the synchronized start",
-                float,
-                30.0,
-                metavar="S",
-            ),
+            Option("idle", "idle baseline of the probe", parse_duration, 15.0),
+            Option("steady", "steady load of the probe", parse_duration, 60.0),
+            Option("cooldown", "cool-down of the probe", parse_duration, 45.0),
+            Option("start_in", "time the nodes get to load torch before the synchronized start", parse_duration, 30.0),
             Option("price_per_gpu_hour", "price of one GPU-hour for the cost figures", float, 2.5, metavar="PRICE"),
             Option("keep", "keep the temporary working directory (logs, WAL, spools)", is_flag=True, default=False),
         ],

@@ -4,7 +4,7 @@ One call does it all (the CLI and the demo use it)::
 
     from gpuprobe.model import InfluxSettings, ModelSettings, run
 
-    paths = run(ModelSettings(influx=InfluxSettings(url="http://127.0.0.1:8086", db="gpuprobe"),
+    paths = run(ModelSettings(influx=InfluxSettings(url="http://127.0.0.1:8086", database="gpuprobe"),
                               probe="p-20250101-120000-ab12", out_dir=Path("report")))
     print(paths.summary)            # the terminal table
     print(paths.html, paths.json)   # the self-contained report and every number
@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 # Lazy, so that `gpuprobe --help` and the other roles' commands do not import numpy/scipy/matplotlib.
 if TYPE_CHECKING:
+    from gpuprobe.influx.influxql import InfluxError
+    from gpuprobe.influx.settings import InfluxSettings
     from gpuprobe.model.analysis import ModelSettings, Results
     from gpuprobe.model.api import ReportPaths, fit, run
     from gpuprobe.model.data import NoDataError
-    from gpuprobe.model.influx import InfluxQueryError, InfluxSettings
 
 __all__ = [
-    "InfluxQueryError",
+    "InfluxError",
     "InfluxSettings",
     "ModelSettings",
     "NoDataError",
@@ -38,8 +39,8 @@ __all__ = [
 ]
 
 _HOMES = {
-    "InfluxQueryError": "gpuprobe.model.influx",
-    "InfluxSettings": "gpuprobe.model.influx",
+    "InfluxError": "gpuprobe.influx.influxql",
+    "InfluxSettings": "gpuprobe.influx.settings",
     "ModelSettings": "gpuprobe.model.analysis",
     "NoDataError": "gpuprobe.model.data",
     "ReportPaths": "gpuprobe.model.api",

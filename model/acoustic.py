@@ -5,7 +5,7 @@ for several sources, cpemma "Multiple fans total dB"), because the arithmetic me
 underrates loud moments.
 
 Calibration. A microphone's ``laeq_db`` is the A-weighted equivalent level over the 1 s *ending* at
-its timestamp (DESIGN.md ``acoustic``). For each microphone point the node's proxy estimates in that
+its timestamp (docs/schema.md, ``acoustic``). For each microphone point the node's proxy estimates in that
 same second are averaged energetically; over all such pairs::
 
     offset_db            = mean(mic - proxy)             add it to the proxy: the calibrated estimate
@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from gpuprobe.model.efficiency import mask_of
 
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.model.acoustic import Calibration, LevelStats, calibrate, level_stats, pair_levels
 from gpuprobe.model.data import Dataset, GpuSeries
 from gpuprobe.model.efficiency import J_PER_KWH, GpuEfficiency, gpu_efficiency, mask_of
-from gpuprobe.model.influx import InfluxSettings
 from gpuprobe.model.thermal import (
     POWER_REASONS,
     THERMAL_REASONS,

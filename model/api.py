@@ -8,11 +8,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuprobe import __version__
+from gpuprobe.influx.client import InfluxClient
 from gpuprobe.model.analysis import ModelSettings, Results, analyze
 from gpuprobe.model.data import Dataset, find_probe, load, range_window
-from gpuprobe.model.influx import InfluxClient
-
-from gpuprobe import __version__
 
 
 @dataclass(frozen=True)
@@ -30,8 +29,8 @@ def _settings_for_report(s: ModelSettings) -> dict[str, Any]:
     shown = asdict(s)
     influx = shown.pop("influx")
     shown["influx_url"] = influx["url"]
-    shown["influx_db"] = influx["db"]
-    shown["influx_rp"] = influx["rp"]
+    shown["influx_db"] = influx["database"]
+    shown["influx_rp"] = influx["retention_policy"]
     shown["out_dir"] = str(s.out_dir)
     shown["hosts"] = ",".join(s.hosts)
     return shown
@@ -39,14 +38,15 @@ def _settings_for_report(s: ModelSettings) -> dict[str, Any]:
 
 def fit(settings: ModelSettings) -> tuple[Dataset, Results]:
     """Read and fit, without writing anything."""
-    client = InfluxClient(settings.influx)
-    if settings.probe:
-        window = find_probe(client, settings.probe, settings.hosts)
-    else:
-        if settings.start_ns is None or settings.end_ns is None:
-            raise ValueError("give a probe id, or both the start and the end of a time range")
-        window = range_window(client, settings.start_ns, settings.end_ns, settings.hosts)
-    dataset = load(client, window)
+    if not settings.probe and (settings.start_ns is None or settings.end_ns is None):
+        raise ValueError("give a probe id, or both the start and the end of a time range")
+    with InfluxClient(settings.influx, user_agent="gpuprobe-model") as client:
+        if settings.probe:
+            window = find_probe(client, settings.probe, settings.hosts)
+        else:
+            assert settings.start_ns is not None and settings.end_ns is not None
+            window = range_window(client, settings.start_ns, settings.end_ns, settings.hosts)
+        dataset = load(client, window)
     return dataset, analyze(dataset, settings)
 
 
@@ -71,5 +71,6 @@ def run(settings: ModelSettings) -> ReportPaths:
     json_path.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     written = 0
     if settings.write_model:
-        written = InfluxClient(settings.influx).write(model_lines(results))
+        with InfluxClient(settings.influx, user_agent="gpuprobe-model") as client:
+            written = client.write("".join(model_lines(results)))
     return ReportPaths(html_path, json_path, summary_table(results), results, written)

@@ -3,32 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuprobe.cli import Command
-from gpuprobe.config import Option
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+from gpuprobe.config import Command, Option, parse_duration
 
 
 def parse_time(text: str) -> int:
-    """A point in time as unix ns: ``now``, ``now-2h`` / ``-2h`` (s, m, h, d), unix seconds, or ISO 8601
-    (``2025-06-01T12:00:00Z``; without a zone it is UTC)."""
+    """A point in time as unix ns: ``now``, ``now-2h`` / ``-2h`` (a duration with its unit, as every
+    duration option takes it), unix seconds, or ISO 8601 (``2025-06-01T12:00:00Z``; without a zone it is UTC)."""
     value = text.strip()
     now_ns = time.time_ns()
     if value == "now":
         return now_ns
     relative = value[3:] if value.startswith("now") else value
-    if relative.startswith("-"):
-        match = _DURATION.match(relative[1:])
-        if match:
-            return now_ns - int(float(match.group(1)) * _UNIT_S[match.group(2)] * 1e9)
+    # a unit is required here: a bare "-30" is unix time -30 s, as it has always been
+    if relative.startswith("-") and relative[-1:].isalpha():
+        try:
+            return now_ns - int(parse_duration(relative[1:]) * 1e9)
+        except ValueError:
+            pass
     try:
         return int(float(value) * 1e9)
     except ValueError:
@@ -83,7 +80,9 @@ OPTIONS = [
     Option("influx_username", "user name for basic authentication", default="", metavar="NAME"),
     Option("influx_password", "password for basic authentication", default="", metavar="SECRET"),
     Option("influx_token", "token, sent as 'Authorization: Token ...' (2.x v1 API)", default="", metavar="SECRET"),
-    Option("influx_timeout_s", "timeout of one request, in s", _positive, default=60.0, metavar="S"),
+    Option(
+        "influx_timeout", "timeout of one request", parse_duration, default=60.0, deprecated_name="influx_timeout_s"
+    ),
     Option(
         "out",
         "folder for the report (<probe>.html) and every number (<probe>.json)",
@@ -127,11 +126,23 @@ OPTIONS = [
         default=10.0,
         metavar="PCT",
     ),
-    Option("arx_resample_s", "bin width of the ARX fit's block means, s", _positive, default=1.0, metavar="S"),
+    Option(
+        "arx_resample",
+        "bin width of the ARX fit's block means",
+        parse_duration,
+        default=1.0,
+        deprecated_name="arx_resample_s",
+    ),
     Option(
         "slowdown_c", "slowdown threshold for every GPU, °C (default: by model, docs/models.md)", float, metavar="C"
     ),
-    Option("mic_window_s", "averaging window of the microphone's LAeq, s", _positive, default=1.0, metavar="S"),
+    Option(
+        "mic_window",
+        "averaging window of the microphone's LAeq",
+        parse_duration,
+        default=1.0,
+        deprecated_name="mic_window_s",
+    ),
     Option("write_model", "write the fitted parameters back as the `model` measurement", is_flag=True, default=True),
 ]
 
@@ -139,6 +150,9 @@ OPTIONS = [
 def settings_from(values: dict[str, Any]) -> Any:
     from gpuprobe.model import InfluxSettings, ModelSettings
 
+    for name in ("influx_timeout", "arx_resample", "mic_window"):
+        if not values[name] > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, not {values[name]:g} s")
     probe = values["probe"] or None
     start, end = values["from"], values["to"]
     if probe is None and start is None:
@@ -148,15 +162,7 @@ def settings_from(values: dict[str, Any]) -> Any:
     if start is not None and end is None:
         end = time.time_ns()
     return ModelSettings(
-        influx=InfluxSettings(
-            url=values["influx_url"],
-            db=values["influx_db"],
-            rp=values["influx_rp"],
-            username=values["influx_username"],
-            password=values["influx_password"],
-            token=values["influx_token"],
-            timeout_s=values["influx_timeout_s"],
-        ),
+        influx=InfluxSettings.from_option_values(values),
         probe=probe,
         start_ns=start,
         end_ns=end,
@@ -168,15 +174,16 @@ def settings_from(values: dict[str, Any]) -> Any:
         outlier_r_th_pct=values["outlier_r_th_pct"],
         outlier_dba=values["outlier_dba"],
         outlier_samples_per_j_pct=values["outlier_samples_per_j_pct"],
-        arx_resample_s=values["arx_resample_s"],
+        arx_resample_s=values["arx_resample"],
         slowdown_c=values["slowdown_c"],
-        mic_window_s=values["mic_window_s"],
+        mic_window_s=values["mic_window"],
         write_model=values["write_model"],
     )
 
 
 def _run(values: dict[str, Any], _args: argparse.Namespace) -> int:
-    from gpuprobe.model import InfluxQueryError, NoDataError, run
+    from gpuprobe.influx.influxql import InfluxError
+    from gpuprobe.model import NoDataError, run
 
     try:
         settings = settings_from(values)
@@ -185,7 +192,7 @@ def _run(values: dict[str, Any], _args: argparse.Namespace) -> int:
         return 2
     try:
         paths = run(settings)
-    except (NoDataError, InfluxQueryError) as e:
+    except (NoDataError, InfluxError) as e:
         print(f"gpuprobe model: {e}", file=sys.stderr)
         return 1
     print(paths.summary)

@@ -1,5 +1,5 @@
 """What a model run reads from InfluxDB: the window (a probe and its phases, or a time range) and the
-series of the ``gpu``, ``acoustic`` and ``trainer`` measurements in it (storage schema, DESIGN.md).
+series of the ``gpu``, ``acoustic`` and ``trainer`` measurements in it (storage schema: docs/schema.md).
 
 A probe's window and phases come from the ``probe`` measurement (one point per phase change and
 host: fields ``phase``, ``kind``, ``status``, ``workload``), or, where there are none, from the
@@ -14,7 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from gpuprobe.model.influx import InfluxClient, Series, quote_ident, quote_string
+
+from gpuprobe.errors import DataError
+from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.influxql import Series, quote_identifier, quote_string
 
 GPU_FIELDS = (
     "temp_c",
@@ -28,7 +31,7 @@ GPU_FIELDS = (
 )
 
 
-class NoDataError(LookupError):
+class NoDataError(DataError, LookupError):
     """The probe or time range has no data (the message says what was looked for)."""
 
 
@@ -182,7 +185,8 @@ def find_probe(client: InfluxClient, probe: str, hosts: Sequence[str] = ()) -> W
                 per_host.setdefault(host, []).append((int(t), str(phase or "")))
         source = "trainer"
     if not per_host:
-        raise NoDataError(f"no probe {probe!r} in database {client.settings.db!r} (no `probe` or `trainer` points)")
+        database = client.settings.database
+        raise NoDataError(f"no probe {probe!r} in database {database!r} (no `probe` or `trainer` points)")
     start, end = min(times), max(times)
     trainer_end = client.query(f'SELECT last("step") FROM "trainer" WHERE {where}')
     for s in trainer_end:
@@ -214,7 +218,8 @@ def range_window(client: InfluxClient, start_ns: int, end_ns: int, hosts: Sequen
     )
     found = sorted({s.tags.get("host", "") for s in answer if s.values})
     if not found:
-        raise NoDataError(f"no `gpu` points between {start_ns} and {end_ns} ns in database {client.settings.db!r}")
+        database = client.settings.database
+        raise NoDataError(f"no `gpu` points between {start_ns} and {end_ns} ns in database {database!r}")
     label = f"range-{start_ns // 10**9}-{end_ns // 10**9}"
     return Window(label=label, probe=None, start_ns=start_ns, end_ns=end_ns, hosts=found)
 
@@ -230,7 +235,7 @@ def load(client: InfluxClient, window: Window) -> Dataset:
     """
     where = _time_filter(window.start_ns, window.end_ns) + _host_filter(window.hosts)
     wide = _time_filter(window.start_ns - EDGE_MARGIN_NS, window.end_ns + EDGE_MARGIN_NS) + _host_filter(window.hosts)
-    fields = ", ".join(quote_ident(f) for f in GPU_FIELDS)
+    fields = ", ".join(quote_identifier(f) for f in GPU_FIELDS)
     gpus = []
     for s in client.query(f'SELECT {fields} FROM "gpu" WHERE {wide} GROUP BY "host", "gpu", "model", "uuid"'):
         t = np.array(s.column("time"), dtype=np.int64)

@@ -7,7 +7,8 @@ reading is replaced by that interval's ``power · Δt`` and counted in ``counter
 cumulative energy is interpolated linearly at the window's edges. Where there is no counter at all
 the energy is ``∫P dt`` (power held between samples) and ``energy_source`` says so.
 
-Derived (reference/thermal-and-acoustics.md §4; Patterson et al. 2021, arXiv 2104.10350)::
+Derived (docs/models.md, "Efficiency"; kWh and CO2e as in Patterson et al. 2021, "Carbon Emissions
+and Large Neural Network Training", arXiv 2104.10350)::
 
     samples/J   = samples/s ÷ mean W = samples ÷ E_steady        J/sample = E_steady ÷ samples
     kWh         = E_J ÷ 3.6e6 · PUE                              kg CO2e  = kWh · grid kg/kWh

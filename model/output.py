@@ -13,8 +13,8 @@ import dataclasses
 import math
 from typing import Any
 
+from gpuprobe.influx.lineprotocol import encode_line
 from gpuprobe.model.analysis import GpuResult, NodeResult, Results
-from gpuprobe.model.influx import line
 
 MEASUREMENT = "model"
 
@@ -148,19 +148,22 @@ def _node_fields(n: NodeResult) -> dict[str, Fields]:
 
 
 def model_lines(results: Results) -> list[str]:
-    """The ``model`` measurement's points for this run."""
+    """The ``model`` measurement's points for this run, one line each (ending in ``\\n``), written
+    exactly as the collector writes its points."""
     out = []
     t = results.end_ns
     for g in results.gpus:
         for kind, fields in _gpu_fields(g).items():
             if fields:
                 out.append(
-                    line(MEASUREMENT, {"probe": results.label, "host": g.host, "gpu": g.gpu, "kind": kind}, fields, t)
+                    encode_line(
+                        MEASUREMENT, {"probe": results.label, "host": g.host, "gpu": g.gpu, "kind": kind}, fields, t
+                    )
                 )
     for n in results.nodes:
         for kind, fields in _node_fields(n).items():
             if fields:
-                out.append(line(MEASUREMENT, {"probe": results.label, "host": n.host, "kind": kind}, fields, t))
+                out.append(encode_line(MEASUREMENT, {"probe": results.label, "host": n.host, "kind": kind}, fields, t))
     return out
 
 

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+
 from gpuprobe.model.analysis import GpuResult, Results
 from gpuprobe.model.data import Dataset, GpuSeries
 from gpuprobe.model.efficiency import cumulative_energy
@@ -256,16 +257,42 @@ def _time(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
+# One function per section of the report, in the order they appear; each returns its HTML fragments, and
+# render_html joins all of them with newlines (so the sections stay independent of each other's markup).
+Section = list[str]
+
+
 def render_html(ds: Dataset, results: Results, settings: dict[str, Any]) -> str:
-    r = results
+    sections = [
+        _header(results),
+        _summary(results),
+        _outliers(results),
+        _thermal(ds, results),
+        _power(ds, results),
+        _acoustics(ds, results),
+        _efficiency(results),
+        _phases(results),
+        _notes(results),
+        _settings(settings),
+    ]
+    return "\n".join(fragment for section in sections for fragment in section)
+
+
+def _header(r: Results) -> Section:
     f = r.fleet
-    parts = [
+    return [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f"<title>gpuprobe model report: {html.escape(r.label)}</title><style>{CSS}</style></head><body>",
         f"<h1>gpuprobe model report: {html.escape(r.label)}</h1>",
         f'<p class="muted">{_time(r.start_ns)} → {_time(r.end_ns)} ({f.duration_s:.1f} s); workload '
         f"{_fmt(r.workload)}; status {_fmt(r.status)}; {f.gpus} GPUs on {f.nodes} nodes. "
         "Acoustic proxy levels are <b>estimates</b>, not measurements. Methods: docs/models.md.</p>",
+    ]
+
+
+def _summary(r: Results) -> Section:
+    f = r.fleet
+    return [
         "<h2>Summary</h2>",
         _table(
             ["quantity", "value", "unit"],
@@ -282,33 +309,61 @@ def render_html(ds: Dataset, results: Results, settings: dict[str, Any]) -> str:
             ],
         ),
     ]
-    parts.append("<h2>GPUs that stand out</h2>")
+
+
+def _outliers(r: Results) -> Section:
     thresholds = r.thresholds
-    parts.append(
+    parts = [
+        "<h2>GPUs that stand out</h2>",
         f'<p class="muted">Compared with the median of the GPUs of the same model (at least 3): hotter = R_th above '
         f"+{thresholds['outlier_r_th_pct']:g} %, louder = steady proxy level above +{thresholds['outlier_dba']:g} dB, "
-        f"less efficient = samples/J below -{thresholds['outlier_samples_per_j_pct']:g} %.</p>"
+        f"less efficient = samples/J below -{thresholds['outlier_samples_per_j_pct']:g} %.</p>",
+    ]
+    if not r.outliers:
+        return [*parts, "<p>None.</p>"]
+    table = _table(
+        ["host", "gpu", "model", "stands out as", "value", "fleet median", "threshold", "unit", "why"],
+        [[o.host, o.gpu, o.model, o.kind, o.value, o.fleet_median, o.threshold, o.unit, o.text] for o in r.outliers],
+        left=4,
     )
-    if r.outliers:
-        parts.append(
-            _table(
-                ["host", "gpu", "model", "stands out as", "value", "fleet median", "threshold", "unit", "why"],
-                [
-                    [o.host, o.gpu, o.model, o.kind, o.value, o.fleet_median, o.threshold, o.unit, o.text]
-                    for o in r.outliers
-                ],
-                left=4,
-            )
-        )
-    else:
-        parts.append("<p>None.</p>")
-    # thermal
-    parts.append("<h2>Thermal: first-order RC per GPU</h2>")
-    parts.append(
+    return [*parts, table]
+
+
+def _thermal(ds: Dataset, r: Results) -> Section:
+    parts = [
+        "<h2>Thermal: first-order RC per GPU</h2>",
         '<p class="muted">C·dT/dt = P - (T - T_amb)/R, τ = R·C. <i>step</i>: curve_fit of the heating and cooling '
         "responses; <i>arx</i>: least squares on T[k+1] = a·T[k] + b·P[k] + c over 1 s bin means. The chosen fit "
-        "is the one whose simulation from the measured power is closer to the measured temperature (RMS).</p>"
-    )
+        "is the one whose simulation from the measured power is closer to the measured temperature (RMS).</p>",
+        _thermal_fits_table(r),
+        _thermal_limits_table(r),
+        "<h3>Step responses</h3>",
+        _step_responses_table(r),
+    ]
+    notes = [(g.host, g.gpu, n) for g in r.gpus for n in g.thermal.notes]
+    if notes:
+        parts.append(_table(["host", "gpu", "note"], notes, left=3))
+    parts.append(_thermal_nodes_table(r))
+    parts.extend(_img(thermal_figure(ds, r, n.host), f"temperature of {n.host}") for n in r.nodes)
+    return parts
+
+
+def _thermal_fits_table(r: Results) -> str:
+    headers = [
+        "host",
+        "gpu",
+        "model",
+        "chosen",
+        "step R °C/W",
+        "step τ s",
+        "step T_amb °C",
+        "step sim RMS °C",
+        "ARX R °C/W",
+        "ARX τ s",
+        "ARX T_amb °C",
+        "ARX sim RMS °C",
+        "ARX 1-step RMS °C",
+    ]
     rows = []
     for g in r.gpus:
         t = g.thermal
@@ -330,172 +385,164 @@ def render_html(ds: Dataset, results: Results, settings: dict[str, Any]) -> str:
                 t.arx.one_step_rmse_c if t.arx else None,
             ]
         )
-    parts.append(
-        _table(
-            [
-                "host",
-                "gpu",
-                "model",
-                "chosen",
-                "step R °C/W",
-                "step τ s",
-                "step T_amb °C",
-                "step sim RMS °C",
-                "ARX R °C/W",
-                "ARX τ s",
-                "ARX T_amb °C",
-                "ARX sim RMS °C",
-                "ARX 1-step RMS °C",
-            ],
-            rows,
-            left=4,
-        )
+    return _table(headers, rows, left=4)
+
+
+def _thermal_limits_table(r: Results) -> str:
+    headers = [
+        "host",
+        "gpu",
+        "model",
+        "power limit W",
+        "T_ss at limit °C",
+        "slowdown °C",
+        "threshold from",
+        "headroom °C",
+        "max T °C",
+        "thermal slowdown s",
+        "power-capped s",
+        "flags",
+    ]
+    rows = [
+        [
+            g.host,
+            g.gpu,
+            g.model,
+            g.power_limit_w,
+            g.t_pred_at_limit_c,
+            g.slowdown_c,
+            g.slowdown_source,
+            g.headroom_c,
+            g.temp_max_c,
+            g.thermal_throttled_s,
+            g.power_capped_s,
+            ", ".join(g.flags),
+        ]
+        for g in r.gpus
+    ]
+    return _table(headers, rows, left=3)
+
+
+def _step_responses_table(r: Results) -> str:
+    headers = [
+        "host",
+        "gpu",
+        "direction",
+        "mean power W",
+        "T start °C",
+        "T∞ °C",
+        "± °C",
+        "τ s",
+        "± s",
+        "fit RMS °C",
+        "samples",
+        "duration s",
+    ]
+    rows = [
+        [
+            g.host,
+            g.gpu,
+            sf.direction,
+            sf.power_w,
+            sf.t_start_c,
+            sf.t_inf_c,
+            sf.t_inf_stderr_c,
+            sf.tau_s,
+            sf.tau_stderr_s,
+            sf.rmse_c,
+            sf.samples,
+            sf.duration_s,
+        ]
+        for g in r.gpus
+        for sf in g.thermal.step_fits
+    ]
+    return _table(headers, rows, left=3)
+
+
+def _thermal_nodes_table(r: Results) -> str:
+    headers = [
+        "node",
+        "GPUs",
+        "mean R °C/W",
+        "mean τ s",
+        "mean T_amb °C",
+        "hottest T_ss at limit °C",
+        "least headroom °C",
+        "thermal slowdown s",
+        "power-capped s",
+    ]
+    rows = [
+        [
+            n.host,
+            n.gpus,
+            n.r_th_mean_c_per_w,
+            n.tau_mean_s,
+            n.t_amb_mean_c,
+            n.t_pred_at_limit_max_c,
+            n.headroom_min_c,
+            n.thermal_throttled_s,
+            n.power_capped_s,
+        ]
+        for n in r.nodes
+    ]
+    return _table(headers, rows)
+
+
+def _power(ds: Dataset, r: Results) -> Section:
+    return [
+        "<h2>Power and energy</h2>",
+        *(_img(power_figure(ds, r, n.host), f"power and energy of {n.host}") for n in r.nodes),
+    ]
+
+
+def _acoustics(ds: Dataset, r: Results) -> Section:
+    return [
+        "<h2>Acoustics</h2>",
+        _acoustic_gpus_table(r),
+        _acoustic_nodes_table(r),
+        _img(acoustic_figure(ds, r), "acoustic levels"),
+    ]
+
+
+def _acoustic_gpus_table(r: Results) -> str:
+    rows = [
+        [
+            g.host,
+            g.gpu,
+            g.model,
+            *(
+                [g.acoustic.mean_db, g.acoustic.max_db, g.acoustic.idle_db, g.acoustic.steady_db, g.acoustic.samples]
+                if g.acoustic
+                else [None] * 5
+            ),
+        ]
+        for g in r.gpus
+    ]
+    return _table(
+        ["host", "gpu", "model", "proxy mean dBA", "proxy max dBA", "idle dBA", "steady dBA", "samples"], rows, left=3
     )
-    parts.append(
-        _table(
-            [
-                "host",
-                "gpu",
-                "model",
-                "power limit W",
-                "T_ss at limit °C",
-                "slowdown °C",
-                "threshold from",
-                "headroom °C",
-                "max T °C",
-                "thermal slowdown s",
-                "power-capped s",
-                "flags",
-            ],
-            [
-                [
-                    g.host,
-                    g.gpu,
-                    g.model,
-                    g.power_limit_w,
-                    g.t_pred_at_limit_c,
-                    g.slowdown_c,
-                    g.slowdown_source,
-                    g.headroom_c,
-                    g.temp_max_c,
-                    g.thermal_throttled_s,
-                    g.power_capped_s,
-                    ", ".join(g.flags),
-                ]
-                for g in r.gpus
-            ],
-            left=3,
-        )
-    )
-    step_rows = []
-    for g in r.gpus:
-        for sf in g.thermal.step_fits:
-            step_rows.append(
-                [
-                    g.host,
-                    g.gpu,
-                    sf.direction,
-                    sf.power_w,
-                    sf.t_start_c,
-                    sf.t_inf_c,
-                    sf.t_inf_stderr_c,
-                    sf.tau_s,
-                    sf.tau_stderr_s,
-                    sf.rmse_c,
-                    sf.samples,
-                    sf.duration_s,
-                ]
-            )
-    parts.append("<h3>Step responses</h3>")
-    parts.append(
-        _table(
-            [
-                "host",
-                "gpu",
-                "direction",
-                "mean power W",
-                "T start °C",
-                "T∞ °C",
-                "± °C",
-                "τ s",
-                "± s",
-                "fit RMS °C",
-                "samples",
-                "duration s",
-            ],
-            step_rows,
-            left=3,
-        )
-    )
-    notes = [(g.host, g.gpu, n) for g in r.gpus for n in g.thermal.notes]
-    if notes:
-        parts.append(_table(["host", "gpu", "note"], notes, left=3))
-    parts.append(
-        _table(
-            [
-                "node",
-                "GPUs",
-                "mean R °C/W",
-                "mean τ s",
-                "mean T_amb °C",
-                "hottest T_ss at limit °C",
-                "least headroom °C",
-                "thermal slowdown s",
-                "power-capped s",
-            ],
-            [
-                [
-                    n.host,
-                    n.gpus,
-                    n.r_th_mean_c_per_w,
-                    n.tau_mean_s,
-                    n.t_amb_mean_c,
-                    n.t_pred_at_limit_max_c,
-                    n.headroom_min_c,
-                    n.thermal_throttled_s,
-                    n.power_capped_s,
-                ]
-                for n in r.nodes
-            ],
-        )
-    )
-    for n in r.nodes:
-        parts.append(_img(thermal_figure(ds, r, n.host), f"temperature of {n.host}"))
-    # power & energy
-    parts.append("<h2>Power and energy</h2>")
-    for n in r.nodes:
-        parts.append(_img(power_figure(ds, r, n.host), f"power and energy of {n.host}"))
-    # acoustic
-    parts.append("<h2>Acoustics</h2>")
-    parts.append(
-        _table(
-            ["host", "gpu", "model", "proxy mean dBA", "proxy max dBA", "idle dBA", "steady dBA", "samples"],
-            [
-                [
-                    g.host,
-                    g.gpu,
-                    g.model,
-                    *(
-                        [
-                            g.acoustic.mean_db,
-                            g.acoustic.max_db,
-                            g.acoustic.idle_db,
-                            g.acoustic.steady_db,
-                            g.acoustic.samples,
-                        ]
-                        if g.acoustic
-                        else [None] * 5
-                    ),
-                ]
-                for g in r.gpus
-            ],
-            left=3,
-        )
-    )
-    node_rows = []
+
+
+def _acoustic_nodes_table(r: Results) -> str:
+    headers = [
+        "node",
+        "proxy from",
+        "proxy mean dBA",
+        "proxy steady dBA",
+        "proxy max dBA",
+        "mic mean dBA",
+        "mic - proxy dB",
+        "± dB",
+        "slope",
+        "intercept dB",
+        "R²",
+        "RMS dB",
+        "pairs",
+    ]
+    rows = []
     for n in r.nodes:
         a, m, c = n.acoustic, n.mic, n.calibration
-        node_rows.append(
+        rows.append(
             [
                 n.host,
                 n.acoustic_source,
@@ -512,122 +559,109 @@ def render_html(ds: Dataset, results: Results, settings: dict[str, Any]) -> str:
                 c.pairs if c else None,
             ]
         )
-    parts.append(
-        _table(
-            [
-                "node",
-                "proxy from",
-                "proxy mean dBA",
-                "proxy steady dBA",
-                "proxy max dBA",
-                "mic mean dBA",
-                "mic - proxy dB",
-                "± dB",
-                "slope",
-                "intercept dB",
-                "R²",
-                "RMS dB",
-                "pairs",
-            ],
-            node_rows,
-            left=2,
-        )
-    )
-    parts.append(_img(acoustic_figure(ds, r), "acoustic levels"))
-    # efficiency
-    parts.append("<h2>Efficiency</h2>")
-    parts.append(
-        _table(
-            [
-                "host",
-                "gpu",
-                "model",
-                "steady s",
-                "samples/s",
-                "mean W",
-                "peak W",
-                "steady J",
-                "J/sample",
-                "samples/J",
-                "idle W",
-                "probe J (counter)",
-                "probe J (∫P dt)",
-                "energy from",
-                "counter resets",
-                "kWh incl. PUE",
-                "kg CO2e",
-                "GPU-hours",
-                "cost",
-            ],
-            [
-                [
-                    g.host,
-                    g.gpu,
-                    g.model,
-                    e.steady_s,
-                    e.samples_per_s,
-                    e.mean_power_w,
-                    e.peak_power_w,
-                    e.steady_energy_j,
-                    e.j_per_sample,
-                    e.samples_per_j,
-                    e.idle_power_w,
-                    e.probe_energy_j,
-                    e.probe_energy_integral_j,
-                    e.energy_source,
-                    e.counter_resets,
-                    e.kwh,
-                    e.kg_co2e,
-                    e.gpu_hours,
-                    e.cost,
-                ]
-                for g in r.gpus
-                for e in [g.efficiency]
-            ],
-            left=3,
-        )
-    )
-    parts.append(
-        _table(
-            ["node", "samples/s", "mean W", "steady J", "samples/J", "J/sample", "idle W", "probe J"],
-            [
-                [
-                    n.host,
-                    n.samples_per_s,
-                    n.mean_power_w,
-                    n.steady_energy_j,
-                    n.samples_per_j,
-                    n.j_per_sample,
-                    n.idle_power_w,
-                    n.probe_energy_j,
-                ]
-                for n in r.nodes
-            ],
-        )
-    )
-    parts.append(_img(efficiency_figure(r), "efficiency"))
-    # phases, notes, settings
-    parts.append("<h2>Phases</h2>")
-    parts.append(
-        _table(
-            ["node", "phase", "start", "end", "duration s"],
-            [
-                [
-                    h,
-                    p["phase"],
-                    _time(int(str(p["start_ns"]))),
-                    _time(int(str(p["end_ns"]))),
-                    (int(str(p["end_ns"])) - int(str(p["start_ns"]))) / 1e9,
-                ]
-                for h, ps in r.phases.items()
-                for p in ps
-            ],
-            left=4,
-        )
-    )
-    if r.notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in r.notes) + "</ul>")
-    parts.append("<h2>Settings</h2>")
-    parts.append(_table(["setting", "value"], [[k, v] for k, v in settings.items()]))
-    parts.append('<p class="muted">Every number is also in the JSON file next to this report.</p></body></html>')
-    return "\n".join(parts)
+    return _table(headers, rows, left=2)
+
+
+def _efficiency(r: Results) -> Section:
+    return [
+        "<h2>Efficiency</h2>",
+        _efficiency_gpus_table(r),
+        _efficiency_nodes_table(r),
+        _img(efficiency_figure(r), "efficiency"),
+    ]
+
+
+def _efficiency_gpus_table(r: Results) -> str:
+    headers = [
+        "host",
+        "gpu",
+        "model",
+        "steady s",
+        "samples/s",
+        "mean W",
+        "peak W",
+        "steady J",
+        "J/sample",
+        "samples/J",
+        "idle W",
+        "probe J (counter)",
+        "probe J (∫P dt)",
+        "energy from",
+        "counter resets",
+        "kWh incl. PUE",
+        "kg CO2e",
+        "GPU-hours",
+        "cost",
+    ]
+    rows = [
+        [
+            g.host,
+            g.gpu,
+            g.model,
+            e.steady_s,
+            e.samples_per_s,
+            e.mean_power_w,
+            e.peak_power_w,
+            e.steady_energy_j,
+            e.j_per_sample,
+            e.samples_per_j,
+            e.idle_power_w,
+            e.probe_energy_j,
+            e.probe_energy_integral_j,
+            e.energy_source,
+            e.counter_resets,
+            e.kwh,
+            e.kg_co2e,
+            e.gpu_hours,
+            e.cost,
+        ]
+        for g in r.gpus
+        for e in [g.efficiency]
+    ]
+    return _table(headers, rows, left=3)
+
+
+def _efficiency_nodes_table(r: Results) -> str:
+    rows = [
+        [
+            n.host,
+            n.samples_per_s,
+            n.mean_power_w,
+            n.steady_energy_j,
+            n.samples_per_j,
+            n.j_per_sample,
+            n.idle_power_w,
+            n.probe_energy_j,
+        ]
+        for n in r.nodes
+    ]
+    return _table(["node", "samples/s", "mean W", "steady J", "samples/J", "J/sample", "idle W", "probe J"], rows)
+
+
+def _phases(r: Results) -> Section:
+    rows = [
+        [
+            h,
+            p["phase"],
+            _time(int(str(p["start_ns"]))),
+            _time(int(str(p["end_ns"]))),
+            (int(str(p["end_ns"])) - int(str(p["start_ns"]))) / 1e9,
+        ]
+        for h, ps in r.phases.items()
+        for p in ps
+    ]
+    return ["<h2>Phases</h2>", _table(["node", "phase", "start", "end", "duration s"], rows, left=4)]
+
+
+def _notes(r: Results) -> Section:
+    if not r.notes:
+        return []
+    return ["<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in r.notes) + "</ul>"]
+
+
+def _settings(settings: dict[str, Any]) -> Section:
+    return [
+        "<h2>Settings</h2>",
+        _table(["setting", "value"], [[k, v] for k, v in settings.items()]),
+        '<p class="muted">Every number is also in the JSON file next to this report.</p></body></html>',
+    ]

@@ -54,8 +54,8 @@ POWER_REASONS = REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE
 
 # Slowdown thresholds (nvmlTemperatureThresholds_t SLOWDOWN) by NVML name; the storage schema does not
 # carry thresholds, so they come from here or from --slowdown-c. Sources: public `nvidia-smi -q`
-# dumps (V100-PCIE 87 °C, A100 80GB 89 °C, H800 89 °C: reference/thermal-and-acoustics.md §3) and the
-# simulator's datasheet rows for H100/H200 (89 °C), L4 and RTX 4090 (92 °C).
+# dumps (V100-PCIE-32GB 87 °C, A100 80GB PCIe 89 °C, H800 89 °C; docs/models.md, "Derived") and the
+# simulator's datasheet rows for H100/H200 (89 °C), L4 and RTX 4090 (92 °C; sim/profiles.py).
 SLOWDOWN_C_BY_MODEL: tuple[tuple[str, float], ...] = (
     ("V100", 87.0),
     ("A100", 89.0),

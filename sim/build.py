@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpuprobe.errors import ServiceError
+
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
 SOURCE = NATIVE_DIR / "nvml_sim.c"
 SONAME = "libnvidia-ml.so.1"
@@ -23,7 +25,7 @@ CFLAGS = ["-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", 
 LDFLAGS = [f"-Wl,-soname,{SONAME}", "-lm", "-lpthread"]
 
 
-class SimBuildError(RuntimeError):
+class SimBuildError(ServiceError, RuntimeError):
     pass
 
 

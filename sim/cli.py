@@ -7,13 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuprobe.config import Command, Option, parse_duration
 from gpuprobe.sim import state
 from gpuprobe.sim.build import SimBuildError
 from gpuprobe.sim.profiles import PROFILES, UnknownProfileError, parse_profile_list, with_overrides
 from gpuprobe.sim.runner import open_machine, run_command, temporary_machine
-
-from gpuprobe.cli import Command
-from gpuprobe.config import Option
 
 DEFAULT_PROFILE = "H100-SXM5-80GB"
 DEFAULT_GPUS_FOR_ONE_PROFILE = 8
@@ -24,6 +22,14 @@ STATE_DIR = Option(
     type=Path,
     metavar="DIR",
 )
+
+
+def _milliseconds(text: str) -> float:
+    """The deprecated ``--period-ms``: a number of ms, as it always took it, in s."""
+    period_ms = float(text)
+    if not period_ms >= 0:
+        raise ValueError(f"{text} is not a non-negative number of ms")
+    return period_ms / 1000.0
 
 
 def _error(message: str) -> int:
@@ -37,9 +43,7 @@ def _parse_overrides(items: list[str]) -> dict[int, dict[str, str]]:
         target, eq, value = item.partition("=")
         gpu, dot, key = target.partition(".")
         if not eq or not dot or not gpu.isdigit():
-            raise UnknownProfileError(
-                f"--set expects GPU.KEY=VALUE (for example 3.r_th_c_per_w=0.09), not {item!r}"
-            )
+            raise UnknownProfileError(f"--set expects GPU.KEY=VALUE (for example 3.r_th_c_per_w=0.09), not {item!r}")
         overrides.setdefault(int(gpu), {})[key] = value
     return overrides
 
@@ -62,7 +66,7 @@ def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
             if index >= len(profiles):
                 return _error(f"--set names GPU {index} but the machine has {len(profiles)} GPUs")
             profiles[index] = with_overrides(profiles[index], changes)
-        period_s = values["period_ms"] / 1000.0
+        period_s: float = values["period"]
         state_dir: Path | None = values["state_dir"]
         if state_dir is not None:
             return run_command(open_machine(state_dir, profiles, period_s), command)
@@ -96,7 +100,7 @@ def _state_dir(values: dict[str, Any]) -> Path:
     return state_dir
 
 
-def _gpu_indices(spec: str, config: state.SimConfig) -> list[int]:
+def _gpu_indices(spec: str, config: state.SimSettings) -> list[int]:
     if spec == "all":
         return [g.index for g in config.gpus]
     try:
@@ -173,11 +177,12 @@ COMMANDS = [
                 metavar="NAME",
             ),
             Option(
-                "period_ms",
-                "update period of the simulated driver, in ms",
-                float,
-                default=100.0,
-                metavar="MS",
+                "period",
+                "update period of the simulated driver (1ms to 10s)",
+                parse_duration,
+                default=0.1,
+                deprecated_name="period_ms",
+                deprecated_type=_milliseconds,
             ),
             Option(
                 "set",
@@ -190,9 +195,7 @@ COMMANDS = [
         ],
         extra_arguments=_command_argument,
     ),
-    Command(
-        name="sim.profiles", help="list the GPU profiles and their ground-truth parameters", run=_profiles
-    ),
+    Command(name="sim.profiles", help="list the GPU profiles and their ground-truth parameters", run=_profiles),
     Command(
         name="sim.load",
         help="set simulated GPUs' utilization (takes effect at the next update period)",

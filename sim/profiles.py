@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from gpuprobe.errors import ConfigError
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -283,7 +285,7 @@ PROFILES: dict[str, GpuProfile] = {
 }
 
 
-class UnknownProfileError(ValueError):
+class UnknownProfileError(ConfigError):
     pass
 
 

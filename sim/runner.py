@@ -35,13 +35,11 @@ class SimMachine:
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
         env[state.STATE_DIR_ENV] = str(self.state_dir)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in [str(self.lib_dir), env.get("LD_LIBRARY_PATH", "")] if p
-        )
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [str(self.lib_dir), env.get("LD_LIBRARY_PATH", "")] if p)
         env["PATH"] = os.pathsep.join(p for p in [str(self.bin_dir), env.get("PATH", "")] if p)
         return env
 
-    def config(self) -> state.SimConfig:
+    def config(self) -> state.SimSettings:
         return state.load(self.state_dir)
 
     def set_load(self, gpu_index: int, util_pct: float, pid: int = 0, mem_used_bytes: int = 0) -> int:
@@ -70,9 +68,7 @@ def open_machine(
 
 
 @contextmanager
-def temporary_machine(
-    profiles: Sequence[GpuProfile], period_s: float = state.DEFAULT_PERIOD_S
-) -> Iterator[SimMachine]:
+def temporary_machine(profiles: Sequence[GpuProfile], period_s: float = state.DEFAULT_PERIOD_S) -> Iterator[SimMachine]:
     """A new machine in a temporary state directory, removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="gpuprobe-sim-") as tmp:
         yield open_machine(Path(tmp), profiles, period_s)

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpuprobe.errors import ServiceError
 from gpuprobe.sim.profiles import GpuProfile
 
 STATE_DIR_ENV = "GPUPROBE_SIM_DIR"
@@ -38,7 +39,7 @@ CUDA_DRIVER_VERSION = 12080  # 12.8, as nvmlSystemGetCudaDriverVersion encodes i
 FORMAT_VERSION = 1
 
 
-class SimStateError(RuntimeError):
+class SimStateError(ServiceError, RuntimeError):
     pass
 
 
@@ -52,7 +53,10 @@ class SimGpu:
 
 
 @dataclass(frozen=True)
-class SimConfig:
+class SimSettings:
+    """One simulated machine (its clock origin, update period and GPUs), as ``sim run``'s options made it
+    and its state directory's conf file holds it."""
+
     start_ns: int
     period_ns: int
     gpus: list[SimGpu]
@@ -80,7 +84,7 @@ def create(
     profiles: Iterable[GpuProfile],
     period_s: float = DEFAULT_PERIOD_S,
     start_ns: int | None = None,
-) -> SimConfig:
+) -> SimSettings:
     """Write a new simulated machine into ``state_dir`` (which must not hold one already)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     conf_path = state_dir / CONF_NAME
@@ -102,7 +106,7 @@ def create(
     if not gpus:
         raise SimStateError("a simulated machine needs at least one GPU")
     # whole microseconds, so the driver's µs timestamps (field values, samples) fall exactly on ticks
-    config = SimConfig(
+    config = SimSettings(
         start_ns=(time.time_ns() if start_ns is None else start_ns) // 1000 * 1000,
         period_ns=round(period_s * 1e6) * 1000,
         gpus=gpus,
@@ -128,7 +132,7 @@ def create(
     return config
 
 
-def load(state_dir: Path) -> SimConfig:
+def load(state_dir: Path) -> SimSettings:
     """Read back what ``create`` wrote."""
     from gpuprobe.sim.profiles import PROFILES
 
@@ -165,7 +169,7 @@ def load(state_dir: Path) -> SimConfig:
                 profile=GpuProfile(**params),  # type: ignore[arg-type]
             )
         )
-    return SimConfig(start_ns=int(values["start_ns"]), period_ns=int(values["period_ns"]), gpus=gpus)
+    return SimSettings(start_ns=int(values["start_ns"]), period_ns=int(values["period_ns"]), gpus=gpus)
 
 
 def state_dir_from_env() -> Path | None:
@@ -173,9 +177,7 @@ def state_dir_from_env() -> Path | None:
     return Path(value) if value else None
 
 
-def append_event(
-    state_dir: Path, gpu_index: int, kind: str, value: int, pid: int = 0, mem_bytes: int = 0
-) -> int:
+def append_event(state_dir: Path, gpu_index: int, kind: str, value: int, pid: int = 0, mem_bytes: int = 0) -> int:
     """Append one input event for a GPU; returns the event's timestamp (unix ns)."""
     if kind not in ("U", "L", "F"):
         raise SimStateError(f"unknown event kind {kind!r}")

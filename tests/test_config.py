@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,20 @@ from typing import Any
 import pytest
 
 from gpuprobe.cli import all_commands, build_parser
-from gpuprobe.config import ConfigError, Option, add_options, check_keys, load_file, resolve
+from gpuprobe.config import (
+    DURATION_FORMS,
+    Command,
+    ConfigError,
+    Option,
+    add_options,
+    check_keys,
+    format_duration,
+    load_file,
+    parse_duration,
+    parse_duration_or_none,
+    parse_whole_seconds,
+    resolve,
+)
 
 OPTIONS = [
     Option("interval_s", "sampling interval", float, default=0.1),
@@ -167,3 +182,231 @@ def test_cli_reports_config_errors_clearly(tmp_path: Path) -> None:
     result = gpuprobe("sim", "load", "--util", "lots")
     assert result.returncode == 2
     assert "bad value for util" in result.stderr
+
+
+# --- durations ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 30.0),
+        ("30.5", 30.5),
+        ("30s", 30.0),
+        ("500ms", 0.5),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("7d", 604800.0),
+        ("1.5m", 90.0),
+        ("2min", 120.0),
+        (" 2 m ", 120.0),
+        (".5", 0.5),
+        ("0", 0.0),
+        ("1e-05", 1e-05),  # how TOML floats reach the parser (str of a float)
+    ],
+)
+def test_every_duration_form_parses_to_seconds(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "-1s", "+5", "2x", "1w", "s", "inf", "nan", "1e400", "5 s s"])
+def test_a_bad_duration_says_which_forms_are_accepted(text: str) -> None:
+    with pytest.raises(ValueError, match=r"duration"):
+        parse_duration(text)
+
+
+def test_whole_seconds_and_optional_durations() -> None:
+    assert parse_whole_seconds("1m") == 60 and isinstance(parse_whole_seconds("30"), int)
+    with pytest.raises(ValueError, match="not a whole number of seconds"):
+        parse_whole_seconds("1.5")
+    assert parse_duration_or_none("") is None and parse_duration_or_none("90d") == 90 * 86400.0
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(604800.0, "7d"), (3600.0, "1h"), (600.0, "10m"), (90.0, "90s"), (0.1, "100ms"), (0.05, "50ms"), (0.0, "0s")],
+)
+def test_defaults_are_shown_in_a_form_the_parser_reads_back(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+DURATIONS = [
+    Option("wait", "how long to wait", parse_duration, 5.0),
+    Option("timeout", "request timeout", parse_duration, 30.0, deprecated_name="timeout_s"),
+    Option(
+        "period",
+        "update period",
+        parse_duration,
+        0.1,
+        deprecated_name="period_ms",
+        deprecated_type=lambda text: float(text) / 1000,  # the old spelling counted ms
+    ),
+]
+
+
+def parse_durations(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_options(parser, DURATIONS)
+    return parser.parse_args(argv)
+
+
+def test_a_bad_duration_names_the_option_and_the_accepted_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match=r"environment GPUPROBE_WAIT: bad value for wait: not a duration") as e:
+        resolve("probe.status", DURATIONS, parse_durations([]), {}, None, environ={"GPUPROBE_WAIT": "soon"})
+    assert DURATION_FORMS in str(e.value)
+    with pytest.raises(ConfigError, match=r"f.toml \[probe\]: bad value for wait: not a duration"):
+        resolve("probe.status", DURATIONS, parse_durations([]), {"probe": {"wait": "2 weeks"}}, Path("f.toml"), {})
+    with pytest.raises(SystemExit):
+        parse_durations(["--wait=-3s"])
+    assert "argument --wait: command line: bad value for wait: not a duration" in capsys.readouterr().err
+    result = gpuprobe("probe", "status", "--refresh", "soon")
+    assert result.returncode == 2
+    assert "--refresh" in result.stderr and DURATION_FORMS in result.stderr, result.stderr
+
+
+def test_durations_come_from_every_source_in_every_form() -> None:
+    file_data = {"probe": {"wait": "2m"}, "timeout": 7}
+    values = resolve("probe.status", DURATIONS, parse_durations(["--period", "250ms"]), file_data, Path("f"), {})
+    assert values == {"wait": 120.0, "timeout": 7.0, "period": 0.25}
+    env = {"GPUPROBE_WAIT": "1.5", "GPUPROBE_TIMEOUT": "1h"}
+    assert resolve("probe.status", DURATIONS, parse_durations([]), file_data, Path("f"), env)["timeout"] == 3600.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "file_data", "warning"),
+    [
+        (["--timeout-s", "12"], {}, {}, "--timeout-s is deprecated"),
+        ([], {"GPUPROBE_TIMEOUT_S": "12s"}, {}, "environment variable GPUPROBE_TIMEOUT_S is deprecated"),
+        ([], {}, {"timeout_s": 12}, "f.toml: key timeout_s is deprecated"),
+        ([], {}, {"collector": {"timeout_s": "12s"}}, r"f.toml [collector]: key timeout_s is deprecated"),
+    ],
+)
+def test_an_old_spelling_still_works_and_warns(
+    argv: list[str], env: dict[str, str], file_data: dict[str, Any], warning: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="gpuprobe.config"):
+        values = resolve("collector", DURATIONS, parse_durations(argv), file_data, Path("f.toml"), environ=env)
+    assert values["timeout"] == 12.0
+    (record,) = [r for r in caplog.records if "deprecated" in r.getMessage()]
+    assert warning in record.getMessage() and "\n" not in record.getMessage()
+    assert "will be removed in the next release; use " in record.getMessage()
+
+
+def test_the_new_spelling_wins_over_the_old_one_in_each_source(caplog: pytest.LogCaptureFixture) -> None:
+    both_flags = parse_durations(["--timeout-s", "1", "--timeout", "2"])
+    assert resolve("collector", DURATIONS, both_flags, {}, None, environ={})["timeout"] == 2.0
+    env = {"GPUPROBE_TIMEOUT_S": "1", "GPUPROBE_TIMEOUT": "3"}
+    assert resolve("collector", DURATIONS, parse_durations([]), {}, None, environ=env)["timeout"] == 3.0
+    file_data = {"timeout_s": 1, "timeout": 4}
+    assert resolve("collector", DURATIONS, parse_durations([]), file_data, Path("f"), environ={})["timeout"] == 4.0
+    # a more specific table wins whichever spelling it uses, as with any key
+    file_data = {"timeout": 4, "collector": {"timeout_s": 5}}
+    assert resolve("collector", DURATIONS, parse_durations([]), file_data, Path("f"), environ={})["timeout"] == 5.0
+    assert not [r for r in caplog.records if "--timeout-s" in r.getMessage() or "TIMEOUT_S" in r.getMessage()]
+
+
+def test_an_old_spelling_keeps_its_old_unit() -> None:
+    assert resolve("sim.run", DURATIONS, parse_durations(["--period-ms", "50"]), {}, None, {})["period"] == 0.05
+    assert resolve("sim.run", DURATIONS, parse_durations([]), {"period_ms": 20}, Path("f"), {})["period"] == 0.02
+    run = next(c for c in all_commands() if c.name == "sim.run")
+    old = run.options[[o.name for o in run.options].index("period")].deprecated_spelling
+    assert old is not None and old.convert("50", "test") == 0.05
+
+
+def test_old_spellings_are_hidden_from_help_but_known_to_files(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_options(parser, DURATIONS)
+    text = parser.format_help()
+    assert "--timeout DURATION" in text and "--timeout-s" not in text and "--period-ms" not in text
+    check_keys({"collector": {"timeout_s": 1}}, {"collector": {k for o in DURATIONS for k in o.file_keys}}, Path("f"))
+
+
+def test_the_real_cli_takes_an_old_spelling_from_every_source_and_warns(tmp_path: Path) -> None:
+    # `gpuprobe model` without --probe stops right after reading its options: no InfluxDB needed
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+    config = tmp_path / "gpuprobe.toml"
+    config.write_text("[model]\ninflux_timeout_s = 5\n")
+    for args, extra_env, old, new in [
+        (["model", "--influx-timeout-s", "5"], {}, "--influx-timeout-s", "use --influx-timeout"),
+        (["model"], {"GPUPROBE_INFLUX_TIMEOUT_S": "5s"}, "GPUPROBE_INFLUX_TIMEOUT_S", "use GPUPROBE_INFLUX_TIMEOUT"),
+        (["--config", str(config), "model"], {}, "[model]: key influx_timeout_s", "use key influx_timeout"),
+    ]:
+        result = gpuprobe(*args, env=dict(env, **extra_env))
+        assert result.returncode == 2, result.stderr
+        assert "give --probe ID" in result.stderr and "unknown option" not in result.stderr, result.stderr
+        (warning,) = [line for line in result.stderr.splitlines() if "deprecated" in line]
+        assert old in warning and warning.endswith(new), warning
+    # the old spelling's value is checked like the new one's
+    result = gpuprobe("model", "--influx-timeout-s", "0", env=env)
+    assert result.returncode == 2 and "--influx-timeout must be positive" in result.stderr, result.stderr
+
+
+def _help_of(parser: argparse.ArgumentParser, cmd: Command) -> str:
+    sub = parser
+    for part in cmd.name.split("."):
+        action = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction))
+        sub = action.choices[part]
+    return sub.format_help()
+
+
+# Option names that say "a length of time": every such option must be a duration option.
+_DURATION_NAME = re.compile(
+    r"(^|_)(interval|timeout|grace|keepalive|retry|lifetime|skew|age|linger|backoff|wait|refresh|duration|"
+    r"baseline|warmup|cooldown|idle|steady|in|period|watchdog|retention|resample|window|after)$"
+)
+
+
+def test_every_duration_option_of_every_command_says_duration_in_its_help() -> None:
+    commands = all_commands()
+    parser = build_parser(commands)
+    checked = 0
+    for cmd in commands:
+        text = " ".join(_help_of(parser, cmd).split())  # argparse wraps lines anywhere
+        for opt in cmd.options:
+            looks_like_one = bool(_DURATION_NAME.search(opt.name)) or re.search(r"_m?s$", opt.name) is not None
+            if opt.name.endswith("_per_s"):  # a rate, not a time
+                continue
+            assert opt.is_duration or not looks_like_one, f"{cmd.name} {opt.flag} looks like a duration"
+            assert not re.search(r"_m?s$", opt.name), f"{cmd.name} {opt.flag}: a duration's name carries no unit"
+            if opt.is_duration:
+                checked += 1
+                assert f"{opt.flag} DURATION " in text, (cmd.name, opt.flag)
+                own_help = rf"{re.escape(opt.flag)} DURATION (?:(?! --).)*?\(e\.g\. 30s, 2m;"  # up to the next flag
+                assert re.search(own_help, text), (cmd.name, opt.flag)
+                if opt.default is not None:
+                    assert f"default {format_duration(opt.default)})" in text, (cmd.name, opt.flag)
+    assert checked > 40  # every part's commands took part
+
+
+def test_docs_list_every_deprecated_spelling_with_its_new_one() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
+    table = text.split("### Deprecated spellings", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `--")]
+    renamed = {(o.deprecated_spelling.flag, o.flag) for c in all_commands() for o in c.options if o.deprecated_spelling}
+    assert renamed, "no option has a deprecated spelling any more: drop the table and this test"
+    for old, new in renamed:
+        row = next((r for r in rows if r.startswith(f"| `{old}`,")), None)
+        assert row is not None, f"docs/architecture.md does not list {old}"
+        env, key = old.removeprefix("--").replace("-", "_").upper(), old.removeprefix("--").replace("-", "_")
+        assert f"`GPUPROBE_{env}`" in row and f"`{key}`" in row and f"| `{new}` |" in row, row
+    assert len(rows) == len(renamed), "the table lists a spelling no option has"
+
+
+@pytest.mark.parametrize(("given", "policy"), [(None, ""), ("", ""), ("0", ""), ("90d", "90d"), ("36h", "36h")])
+def test_the_collector_turns_its_retention_duration_into_an_influxql_duration(given: str | None, policy: str) -> None:
+    from gpuprobe.collector.cli import config_from_options
+
+    collector = next(c for c in all_commands() if c.name == "collector")
+    env = {"GPUPROBE_INSECURE": "true"} | ({} if given is None else {"GPUPROBE_INFLUX_RETENTION": given})
+    values = resolve("collector", collector.options, argparse.Namespace(), {}, None, environ=env)
+    assert config_from_options(values).influx.retention == policy  # "" is CREATE ... DURATION INF
+
+
+def test_the_agent_docs_show_each_duration_default_as_help_does() -> None:
+    from gpuprobe.agent.cli import AGENT_OPTIONS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "agent.md").read_text()
+    for opt in (o for o in AGENT_OPTIONS if o.is_duration and o.default is not None):
+        row = re.search(rf"^\| `{re.escape(opt.flag)}` \| `{opt.env_var}` \| ([^|]*) \|", text, re.MULTILINE)
+        assert row is not None and row[1].strip() == format_duration(opt.default), (opt.flag, row and row[1])

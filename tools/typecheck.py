@@ -1,6 +1,6 @@
 """Runs mypy over the ``gpuprobe`` package as it is installed.
 
-The design card's top-level folders (``agent/``, ``collector/``, ``sim/``...) are sub-packages of
+The repository's top-level folders (``agent/``, ``collector/``, ``sim/``...) are sub-packages of
 ``gpuprobe`` through setuptools' ``package-dir`` mapping, which mypy cannot follow. This script lays
 out the installed package shape as symbolic links under ``build/typecheck`` (from the mapping in
 pyproject.toml, so it never drifts) and type-checks that, plus ``tools/`` (tests are not type-checked).
@@ -21,9 +21,7 @@ TREE = ROOT / "build" / "typecheck"
 
 
 def lay_out_tree() -> Path:
-    mapping: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-dir"
-    ]
+    mapping: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     shutil.rmtree(TREE, ignore_errors=True)
     top = TREE / "gpuprobe"
     top.mkdir(parents=True)

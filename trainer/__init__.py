@@ -1,1 +1,1 @@
-"""The bundled PyTorch workloads, run in phases (see DESIGN.md)."""
+"""The bundled PyTorch workloads, run in phases (docs/trainer.md)."""

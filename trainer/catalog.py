@@ -98,7 +98,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
 
 WORKLOAD_NAMES: tuple[str, ...] = tuple(WORKLOADS)
 
-# Phase defaults, in s (DESIGN.md: idle baseline 30 s, cool-down 60 s).
+# Phase defaults, in s (docs/trainer.md, "Phases": idle baseline 30 s, cool-down 60 s).
 DEFAULT_IDLE_BASELINE_S = 30.0
 DEFAULT_WARMUP_S = 10.0
 DEFAULT_DURATION_S = 60.0
@@ -119,20 +119,6 @@ def runnable_workloads() -> list[str]:
     """The workloads this installation can run: all of them with the `trainer` extra, else `idle`."""
     have_torch = torch_available()
     return [name for name, spec in WORKLOADS.items() if have_torch or not spec.needs_torch]
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``20``, ``20s``, ``1.5m``, ``2h`` or ``500ms`` (no sign, finite)."""
-    import math
-    import re
-
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h)?\s*", text)
-    if m is None:
-        raise ValueError(f"not a duration: {text!r} (for example 30, 30s, 2m, 1h)")
-    value = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m.group(2) or "s"]
-    if not math.isfinite(value):
-        raise ValueError(f"not a finite duration: {text!r}")
-    return value
 
 
 def parse_batch_sizes(text: str) -> tuple[int, ...]:

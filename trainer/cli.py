@@ -16,10 +16,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from gpuprobe.config import Command, Option, parse_duration
 from gpuprobe.trainer import catalog
-
-from gpuprobe.cli import Command
-from gpuprobe.config import Option
 
 
 def parse_start_at(text: str) -> int:
@@ -59,26 +57,23 @@ TRAIN_OPTIONS = [
     ),
     Option(
         "duration",
-        "steady-load phase per batch size (30, 30s, 2m)",
-        catalog.parse_duration,
+        "steady-load phase per batch size",
+        parse_duration,
         catalog.DEFAULT_DURATION_S,
-        metavar="S",
     ),
     Option(
         "idle_baseline",
         "idle baseline before the load",
-        catalog.parse_duration,
+        parse_duration,
         catalog.DEFAULT_IDLE_BASELINE_S,
-        metavar="S",
     ),
     Option(
         "warmup",
         "warm-up before each steady phase (excluded from the results)",
-        catalog.parse_duration,
+        parse_duration,
         catalog.DEFAULT_WARMUP_S,
-        metavar="S",
     ),
-    Option("cooldown", "cool-down after the load", catalog.parse_duration, catalog.DEFAULT_COOLDOWN_S, metavar="S"),
+    Option("cooldown", "cool-down after the load", parse_duration, catalog.DEFAULT_COOLDOWN_S),
     Option(
         "agent_socket",
         "the local agent's trainer socket; progress goes there too (default: none)",
@@ -94,7 +89,7 @@ TRAIN_OPTIONS = [
         metavar="TIME",
     ),
     Option("threads", "torch CPU threads (0: torch's default)", int, 0, metavar="N"),
-    Option("progress_interval", "seconds between progress reports", catalog.parse_duration, 1.0, metavar="S"),
+    Option("progress_interval", "time between progress reports", parse_duration, 1.0),
     Option("seed", "random seed of weights and synthetic data", int, 0, metavar="N"),
     Option(
         "format",
@@ -166,7 +161,7 @@ class JsonLines:
 
 def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.trainer import device as device_mod
-    from gpuprobe.trainer.run import Run, TrainConfig
+    from gpuprobe.trainer.run import Run, TrainSettings
 
     if not values["workload"]:
         print(
@@ -187,7 +182,7 @@ def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    config = TrainConfig(
+    config = TrainSettings(
         workload=spec.name,
         size=values["size"],
         device=values["device"],

@@ -19,12 +19,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpuprobe.errors import ConfigError
 from gpuprobe.trainer import simgpu
 
 _CUDA = re.compile(r"^cuda(?::(\d+))?$")
 
 
-class DeviceError(ValueError):
+class DeviceError(ConfigError):
     """The requested device does not exist here."""
 
 

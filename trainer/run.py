@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuprobe.errors import ServiceError
 from gpuprobe.trainer import catalog, device, simgpu
 from gpuprobe.trainer.report import AgentReporter, probe_event_line, progress_line
 
@@ -45,7 +46,7 @@ SLEEP_SLICE_S = 0.05
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainSettings:
     workload: str
     size: str = "full"
     device: str = "auto"
@@ -116,7 +117,7 @@ class SteadyPoint:
         }
 
 
-class Cancelled(Exception):
+class Cancelled(ServiceError):
     """The run was asked to stop (SIGTERM, SIGINT, a probe cancel)."""
 
 
@@ -131,7 +132,7 @@ class _Window:
 
 @dataclass
 class Run:
-    config: TrainConfig
+    config: TrainSettings
     emit: Emit
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -281,6 +282,7 @@ class Run:
         self.placement = device.resolve(cfg.device, need_torch=self.spec.needs_torch)
         if self.spec.needs_torch:
             import torch
+
             from gpuprobe.trainer.models import Trainable
 
             if cfg.threads > 0:
@@ -428,7 +430,7 @@ class Run:
         return result
 
 
-def run(config: TrainConfig, emit: Emit, stop: threading.Event | None = None) -> dict[str, Any]:
+def run(config: TrainSettings, emit: Emit, stop: threading.Event | None = None) -> dict[str, Any]:
     """Validate, build, run every phase; the result dict (``status`` succeeded, failed or cancelled)."""
     config.validate()
     job = Run(config, emit, stop or threading.Event())

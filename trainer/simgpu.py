@@ -29,7 +29,7 @@ class SimGpuTarget:
     """One simulated GPU of the machine in ``state_dir``."""
 
     state_dir: Path
-    config: sim_state.SimConfig
+    config: sim_state.SimSettings
     index: int
 
     @property

@@ -1,5 +1,9 @@
 """GPU sensor: every field of the ``gpu`` measurement, read through NVML. The only module that imports pynvml.
 
+The agent's sampler reads it (:meth:`GpuSensor.read_all`), and so does the control plane of a node
+that runs ``gpuprobe control-agent`` (:meth:`GpuSensor.read_gpu`, through ``gpuprobe.control.gpus``):
+one NVML boundary, one translation of NVML's errors (``tests/test_module_graph.py`` checks it).
+
 Static facts (:class:`~gpuprobe.v1.common_pb2.GpuInfo`) are read once per GPU when the sensor opens,
 through pynvml's ordinary wrappers. The per-sample path is the hot path (10-50 reads per GPU per
 second), so it calls the NVML C functions that pynvml loaded directly, with output buffers allocated
@@ -50,6 +54,7 @@ from typing import Any
 
 import pynvml
 
+from gpuprobe.errors import ServiceError
 from gpuprobe.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -88,7 +93,7 @@ VIRTUALIZATION_MODES: dict[int, common_pb2.Virtualization] = {
 }
 
 
-class GpuSensorError(RuntimeError):
+class GpuSensorError(ServiceError, RuntimeError):
     """NVML cannot be used at all (no library, no driver): the agent runs without GPUs."""
 
 
@@ -457,6 +462,25 @@ class GpuSensor:
     @property
     def count(self) -> int:
         return len(self._gpus)
+
+    def read_gpu(self, index: int) -> Sample | None:
+        """One sample of the GPU with NVML index ``index``, without PCIe; None when it is lost or unknown.
+
+        For a reader that wants some GPUs on its own schedule (the control plane's probe sampler in
+        ``gpuprobe control-agent``). Like :meth:`read_all` it must not run in two threads at once:
+        the read buffers are the GPU's own. It repeats :meth:`read_all`'s per-GPU steps rather than
+        sharing them, so that the hot path keeps no extra call per GPU.
+        """
+        gpu = next((g for g in self._gpus if g.index == index), None)
+        if gpu is None or (gpu.lost and time.monotonic() < gpu.retry_at):
+            return None
+        t_ns = time.time_ns()
+        sample = gpu.fast(t_ns) if gpu.fast is not None and not gpu.lost else None
+        if sample is None:
+            sample = self._read(gpu, t_ns)  # a call failed (or no fast path): read carefully
+            if sample is not None and gpu.fast is None and not gpu.lost:
+                self._compile_fast(gpu)  # a GPU that was lost at the probe
+        return sample
 
     def _read(self, gpu: _Gpu, t_ns: int, probing: bool = False) -> Sample | None:
         sample: Sample = {"time_unix_ns": t_ns, "gpu_index": gpu.index}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from gpuprobe.errors import ServiceError
 
-class DevServiceError(RuntimeError):
+
+class DevServiceError(ServiceError, RuntimeError):
     """Base class of every error raised by ``gpuprobe.devservices``."""
 
 

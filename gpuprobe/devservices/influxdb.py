@@ -1,58 +1,30 @@
-"""A real InfluxDB 1.x (``influxd``) on free loopback ports, with a thin HTTP client built on urllib.
+"""A real InfluxDB 1.x (``influxd``) on free loopback ports, for tests, benchmarks and the demo.
 
-Only the standard library is used, so the collector host needs nothing extra to run it.
+Talking to it is :mod:`gpuprobe.influx.client`'s job (the one InfluxDB client gpuprobe has);
+this module starts, stops and configures the server and offers that client's calls per database.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 from gpuprobe.devservices._process import ServerProcess
-from gpuprobe.devservices.errors import DevServiceError
 from gpuprobe.devservices.ports import LOOPBACK, free_ports
+from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.influxql import InfluxError, Series, quote_identifier
+from gpuprobe.influx.settings import InfluxSettings
 
 _PRECISIONS = frozenset({"ns", "u", "ms", "s", "m", "h"})
 
+#: What the server's requests raise: InfluxDB refused a request (``status`` and InfluxDB's own
+#: ``message``), or could not be reached (``status`` None). The name the tests know.
+InfluxDBError = InfluxError
 
-class InfluxDBError(DevServiceError):
-    """InfluxDB refused a request, or could not be reached.
-
-    ``status`` is the HTTP status (None when no response came back, e.g. the server is down) and
-    ``message`` InfluxDB's own error text (for a 400 on a write, e.g.
-    ``partial write: field type conflict: ...``).
-    """
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message if status is None else f"HTTP {status}: {message}")
-        self.status = status
-        self.message = message
-
-
-@dataclass(frozen=True)
-class Series:
-    """One series of a query result, as InfluxDB's JSON gives it (times in ns since the epoch)."""
-
-    name: str
-    columns: tuple[str, ...]
-    values: tuple[tuple[Any, ...], ...]
-    tags: Mapping[str, str] = field(default_factory=dict)
-
-    def rows(self) -> list[dict[str, Any]]:
-        """Each row as a dict of column to value, with the series' GROUP BY tags added."""
-        return [{**self.tags, **dict(zip(self.columns, row, strict=True))} for row in self.values]
-
-
-def quote_identifier(name: str) -> str:
-    """An InfluxQL identifier in double quotes, for database and measurement names."""
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+__all__ = ["InfluxDBDatabase", "InfluxDBError", "InfluxDBServer", "Series"]
 
 
 class InfluxDBServer(ServerProcess):
@@ -107,6 +79,7 @@ class InfluxDBServer(ServerProcess):
         self.log_level = log_level
         self.extra_config = extra_config
         self.http_timeout_s = http_timeout_s
+        self._client: InfluxClient | None = None
 
     # --- addresses ---------------------------------------------------------------------------------
 
@@ -134,15 +107,20 @@ class InfluxDBServer(ServerProcess):
         """The generated config, rewritten on every start."""
         return self.base_dir / "influxdb.conf"
 
-    # --- client ------------------------------------------------------------------------------------
+    # --- client ----------------------------------------------------------------------------------
+
+    def client(self) -> InfluxClient:
+        """The HTTP client of this server (made again when the server moved to another port)."""
+        if self._client is None or self._client.settings.url != self.url:
+            if self._client is not None:
+                self._client.close()
+            settings = InfluxSettings(url=self.url, database="", timeout_s=self.http_timeout_s)
+            self._client = InfluxClient(settings, user_agent="gpuprobe-devservices")
+        return self._client
 
     def ping(self, timeout_s: float = 1.0) -> bool:
         """Whether ``GET /ping`` answers 204 now."""
-        try:
-            status, _ = self._request("GET", "/ping", timeout_s=timeout_s)
-        except InfluxDBError:
-            return False
-        return status == 204
+        return self.client().ping(timeout_s)
 
     def create_database(self, name: str) -> None:
         """``CREATE DATABASE name`` (a no-op if it exists)."""
@@ -164,24 +142,13 @@ class InfluxDBServer(ServerProcess):
         *,
         retention_policy: str | None = None,
     ) -> None:
-        """``POST /write`` line protocol; raise :class:`InfluxDBError` unless InfluxDB answers 204.
+        """``POST /write`` line protocol; raise :class:`InfluxDBError` unless InfluxDB stores it.
 
         ``lines`` is one string or bytes with newline-separated points, or an iterable of lines.
         """
         if precision not in _PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, not {precision!r}")
-        if isinstance(lines, bytes):
-            body = lines
-        elif isinstance(lines, str):
-            body = lines.encode()
-        else:
-            body = "\n".join(lines).encode()
-        params = {"db": db, "precision": precision}
-        if retention_policy is not None:
-            params["rp"] = retention_policy
-        status, text = self._request("POST", "/write", params=params, body=body)
-        if status != 204:
-            raise InfluxDBError(f"unexpected answer to /write: {text[:500]}", status=status)
+        self.client().write(lines, database=db, retention_policy=retention_policy, precision=precision)
 
     def query(self, db: str, influxql: str) -> list[Series]:
         """``GET /query`` with ``epoch=ns``: every series of every statement, in order.
@@ -189,71 +156,11 @@ class InfluxDBServer(ServerProcess):
         Raises :class:`InfluxDBError` if the request fails or any statement has an error. Statements that
         change things (CREATE, DROP, ...) must go through :meth:`execute`.
         """
-        return self._query("GET", influxql, db)
+        return self.client().query(influxql, database=db)
 
     def execute(self, influxql: str, db: str | None = None) -> list[Series]:
         """``POST /query`` with ``epoch=ns``, for statements that change things."""
-        return self._query("POST", influxql, db)
-
-    # --- internals ---------------------------------------------------------------------------------
-
-    def _query(self, method: str, influxql: str, db: str | None) -> list[Series]:
-        params = {"q": influxql, "epoch": "ns"}
-        if db is not None:
-            params["db"] = db
-        status, text = self._request(method, "/query", params=params)
-        try:
-            document = json.loads(text)
-        except ValueError as exc:
-            raise InfluxDBError(
-                f"/query answered something that is not JSON: {text[:500]}", status=status
-            ) from exc
-        if "error" in document:
-            raise InfluxDBError(str(document["error"]), status=status)
-        series: list[Series] = []
-        for result in document.get("results", []):
-            if "error" in result:
-                raise InfluxDBError(
-                    f"statement {result.get('statement_id', '?')}: {result['error']}", status=status
-                )
-            for raw in result.get("series", []):
-                series.append(
-                    Series(
-                        name=str(raw.get("name", "")),
-                        columns=tuple(raw.get("columns", ())),
-                        values=tuple(tuple(row) for row in raw.get("values", ())),
-                        tags=dict(raw.get("tags", {})),
-                    )
-                )
-        return series
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: bytes | None = None,
-        timeout_s: float | None = None,
-    ) -> tuple[int, str]:
-        url = self.url + path
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
-        request = urllib.request.Request(url, data=body, method=method)
-        if body is not None:
-            request.add_header("Content-Type", "text/plain; charset=utf-8")
-        timeout = self.http_timeout_s if timeout_s is None else timeout_s
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return int(response.status), response.read().decode("utf-8", errors="replace")
-        except urllib.error.HTTPError as exc:
-            text = exc.read().decode("utf-8", errors="replace")
-            raise InfluxDBError(
-                _error_message(text, exc.headers.get("X-Influxdb-Error")), status=exc.code
-            ) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            raise InfluxDBError(f"cannot reach InfluxDB at {self.url}: {reason}") from exc
+        return self.client().execute(influxql, database=db or "")
 
     # --- ServerProcess -----------------------------------------------------------------------------
 
@@ -316,18 +223,6 @@ bind-address = {_toml(f"{LOOPBACK}:{self._rpc_port}")}
 def _toml(value: str | os.PathLike[str]) -> str:
     """A TOML basic string (JSON's escapes are valid TOML)."""
     return json.dumps(os.fspath(value))
-
-
-def _error_message(body: str, header: str | None) -> str:
-    try:
-        document = json.loads(body)
-    except ValueError:
-        document = None
-    if isinstance(document, dict) and "error" in document:
-        return str(document["error"])
-    if header:
-        return header
-    return body.strip() or "(empty answer)"
 
 
 class InfluxDBDatabase(NamedTuple):

@@ -25,7 +25,6 @@ from typing import Any
 
 from gpuprobe.sim.profiles import PROFILES, GpuProfile, with_overrides
 from gpuprobe.sim.runner import SimMachine, open_machine
-
 from gpuprobe.v1 import telemetry_pb2
 
 HERE = Path(__file__).resolve().parent

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import AgentFactory, Receiver, machine
-from gpuprobe.sim.runner import SimMachine
 
 from gpuprobe.devservices.ports import free_port
+from gpuprobe.sim.runner import SimMachine
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from agent_helpers import (
     unique_batches,
     wait_until,
 )
+
 from gpuprobe.sim import state
 from gpuprobe.sim.runner import SimMachine
 

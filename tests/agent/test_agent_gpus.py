@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from agent_helpers import AgentFactory, Receiver, clean_env, gpuprobe_command, machine, unique_batches
+
 from gpuprobe.sim import state
 
 

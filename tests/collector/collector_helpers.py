@@ -24,20 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from gpuprobe.collector.config import CollectorConfig, InfluxSettings
-from gpuprobe.collector.runner import Collector
-from gpuprobe.collector.sink import SinkSettings
 
+from gpuprobe.collector.runner import Collector
+from gpuprobe.collector.settings import CollectorSettings
+from gpuprobe.collector.sink import SinkSettings
 from gpuprobe.devservices.certs import Pki
 from gpuprobe.devservices.ports import LOOPBACK, port_accepts
+from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.v1 import telemetry_pb2
 
 FAST_SINK = SinkSettings(linger_s=0.01, backoff_initial_s=0.05, backoff_max_s=0.5)
 
 
-def collector_config(tmp_path: Path, influx_url: str, database: str, **overrides: Any) -> CollectorConfig:
+def collector_config(tmp_path: Path, influx_url: str, database: str, **overrides: Any) -> CollectorSettings:
     """An in-process collector on a free loopback port, plaintext, quick retries."""
-    base = CollectorConfig(
+    base = CollectorSettings(
         listen=f"{LOOPBACK}:0",
         wal_dir=tmp_path / "wal",
         insecure=True,
@@ -50,7 +51,7 @@ def collector_config(tmp_path: Path, influx_url: str, database: str, **overrides
 
 
 @contextlib.asynccontextmanager
-async def running(config: CollectorConfig, **kwargs: Any) -> AsyncIterator[Collector]:
+async def running(config: CollectorSettings, **kwargs: Any) -> AsyncIterator[Collector]:
     collector = Collector(config, **kwargs)
     await collector.start()
     try:

@@ -10,16 +10,10 @@ import time
 
 import grpc
 import pytest
-from gpuprobe.collector.encode import (
-    GPU_SPECS,
-    StreamEncoder,
-    UnrepresentableError,
-    encode_line,
-    escape_measurement,
-    escape_tag_value,
-    field_text,
-    quote_string_field,
-)
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from gpuprobe.collector.encode import GPU_SPECS, StreamEncoder
 from gpuprobe.collector.validate import (
     INVALID_STRING,
     Identity,
@@ -27,12 +21,17 @@ from gpuprobe.collector.validate import (
     StreamError,
     check_hello,
     clean_string_field,
-    tag_value_problem,
 )
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-
 from gpuprobe.devservices import InfluxDBDatabase
+from gpuprobe.influx.lineprotocol import (
+    UnrepresentableError,
+    encode_line,
+    escape_measurement,
+    escape_tag_value,
+    field_text,
+    quote_string_field,
+)
+from gpuprobe.influx.storable import tag_value_problem
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 NOW_NS = time.time_ns()

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-from gpuprobe.collector.encode import ACOUSTIC_SPECS, AGENT_SPECS, GPU_SPECS, NODE_SPECS, TRAINER_SPECS
 
+from gpuprobe.collector.encode import ACOUSTIC_SPECS, AGENT_SPECS, GPU_SPECS, NODE_SPECS, TRAINER_SPECS
 from gpuprobe.devservices import InfluxDBDatabase
 
 SCHEMA = (Path(__file__).resolve().parents[2] / "docs" / "schema.md").read_text()

@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 import pytest
 from collector_helpers import client_credentials, collector_config, raw_exchange, running, wait_until
-from gpuprobe.collector.auth import AuthConfigError, parse_tokens
-from gpuprobe.collector.config import CollectorConfigError
-from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
 
+from gpuprobe.collector.auth import AuthConfigError, parse_tokens
+from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
+from gpuprobe.collector.settings import CollectorConfigError
 from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.devservices.certs import Pki
 from gpuprobe.v1 import common_pb2, telemetry_pb2

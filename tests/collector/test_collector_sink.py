@@ -12,11 +12,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from collector_helpers import FAST_SINK, Recorded, RecordingServer, json_error, wait_until
-from gpuprobe.collector.metrics import Metrics
-from gpuprobe.collector.sink import Backend, Sink, SinkSettings, V1Backend, V2Backend, parse_retry_after
-from gpuprobe.collector.wal import WriteAheadLog
 
+from gpuprobe.collector.metrics import Metrics
+from gpuprobe.collector.sink import Backend, Sink, SinkSettings, V1Backend, V2Backend
+from gpuprobe.collector.wal import WriteAheadLog
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
+from gpuprobe.devservices.ports import LOOPBACK, free_port
+from gpuprobe.influx.answers import Answer, Verdict, classify
 
 T0 = 1_700_000_000_000_000_000
 
@@ -208,12 +210,6 @@ def test_429_and_503_wait_as_long_as_retry_after_says(recording_server: Recordin
     assert received_lines(recording_server) == lines_of(0, 10).decode().splitlines()
 
 
-def test_parse_retry_after() -> None:
-    assert parse_retry_after("3") == 3.0
-    assert parse_retry_after(email.utils.formatdate(1000.0, usegmt=True), now_s=990.0) == 10.0
-    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
-
-
 def test_max_series_500_is_quarantined_not_retried_forever(recording_server: RecordingServer, tmp_path: Path) -> None:
     limit = "max series per database exceeded: m,host=new-1 (1000000)"
     answering(
@@ -225,6 +221,23 @@ def test_max_series_500_is_quarantined_not_retried_forever(recording_server: Rec
     assert drained.quarantined_lines == sorted(new_series.decode().splitlines())
     assert drained.metrics.value("gpuprobe_collector_quarantined_lines_total", {"reason": "series_limit"}) == 4
     assert len(received_lines(recording_server)) == 200
+
+
+def test_a_full_disk_is_waited_out_never_quarantined_whatever_the_status(
+    recording_server: RecordingServer, tmp_path: Path
+) -> None:
+    full = [
+        (400, {}, json_error("partial write: write /var/lib/influxdb/wal/_42.wal: no space left on device dropped=10")),
+        (500, {}, json_error("engine: error writing WAL entry: disk quota exceeded")),
+        (404, {}, json_error("open /var/lib/influxdb/meta/meta.dbtmp: ENOSPC")),
+    ]
+    answering(recording_server, lambda r: full.pop(0) if full else (204, {}, b""))
+    settings = SinkSettings(linger_s=0.0, backoff_initial_s=0.05, backoff_max_s=0.1)
+    drained = drain(tmp_path, v1(recording_server), [lines_of(0, 10)], settings)
+    assert drained.quarantine == []
+    assert len(recording_server.writes()) == 4  # the whole request each time: nothing was isolated
+    assert drained.metrics.value("gpuprobe_collector_sink_retries_total", {"outcome": "retry"}) == 3
+    assert received_lines(recording_server) == lines_of(0, 10).decode().splitlines()
 
 
 def test_other_5xx_backs_off_with_growing_delays_then_delivers(
@@ -295,6 +308,19 @@ def test_v2_sink_against_recording_server_handles_429_retry_after_like_v1(
     first, second = (r.at_s for r in recording_server.requests)
     assert second - first >= 0.95
     assert drained.quarantined_lines == ["m,host=h v=1i 1"]
+
+
+def test_v2_sink_without_an_answer_retries_like_v1() -> None:
+    async def write_to_nobody() -> Answer:
+        backend = V2Backend(f"http://{LOOPBACK}:{free_port()}", "o", "b", "t", timeout_s=5.0)
+        try:
+            return await backend.write(lines_of(0, 3))
+        finally:
+            await backend.close()
+
+    answer = asyncio.run(write_to_nobody())
+    assert answer.status is None and "ClientConnectorError" in answer.body
+    assert classify(answer) is Verdict.RETRY
 
 
 def test_v1_creates_the_database_and_retention_policy_on_first_start(

@@ -16,12 +16,12 @@ from typing import Any
 import grpc
 import pytest
 from collector_helpers import LoopThread, collector_config, raw_exchange, running, wait_until
-from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
-from gpuprobe.collector.runner import Collector
-from gpuprobe.collector.validate import Limits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
+from gpuprobe.collector.runner import Collector
+from gpuprobe.collector.validate import Limits
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 

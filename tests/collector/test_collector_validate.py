@@ -7,6 +7,7 @@ import time
 
 import grpc
 import pytest
+
 from gpuprobe.collector.encode import StreamEncoder
 from gpuprobe.collector.validate import (
     MISSING_FIELD,
@@ -18,7 +19,6 @@ from gpuprobe.collector.validate import (
     StreamError,
     check_hello,
 )
-
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 NOW_NS = time.time_ns()

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpuprobe.control import keys, mqtt, operator_side, signing
 from gpuprobe.sim.profiles import PROFILES, with_overrides
 from gpuprobe.sim.runner import SimMachine, open_machine
-
 from gpuprobe.v1 import control_pb2
 
 

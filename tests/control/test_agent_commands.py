@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 import pytest
-from gpuprobe.control import keys, signing, topics
 
+from gpuprobe.control import keys, signing, topics
 from gpuprobe.v1 import common_pb2, control_pb2
 
 R = control_pb2

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuprobe.control import keys, signing, topics
 
+from gpuprobe.control import keys, signing, topics
 from gpuprobe.devservices import MosquittoServer, free_port
 from gpuprobe.devservices.certs import make_pki
 from gpuprobe.v1 import control_pb2

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from gpuprobe.control import keys, signing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuprobe.control import keys, signing
 from gpuprobe.v1 import control_pb2
 
 R = control_pb2

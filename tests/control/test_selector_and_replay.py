@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from gpuprobe.control import replay, selector
 
+from gpuprobe.control import replay, selector
 from gpuprobe.v1 import common_pb2
 
 A = common_pb2.AgentIdentity(

@@ -79,9 +79,7 @@ def test_field_type_conflict_raises_with_influxdbs_message(influxdb: InfluxDBDat
 
     assert caught.value.status == 400
     assert "field type conflict" in caught.value.message
-    assert 'input field "power_w" on measurement "m" is type float, already exists as type integer' in str(
-        caught.value
-    )
+    assert 'input field "power_w" on measurement "m" is type float, already exists as type integer' in str(caught.value)
 
 
 def test_query_error_raises(influxdb: InfluxDBDatabase) -> None:
@@ -255,9 +253,7 @@ def test_publish_subscribe_round_trip(mqtt_broker: MosquittoServer, clients: lis
     assert (message.topic, message.payload, message.retain) == (topic, b'{"gpu": 0, "power_w": 251.5}', False)
 
 
-def test_a_retained_message_reaches_a_later_subscriber(
-    mqtt_broker: MosquittoServer, clients: list[SyncClient]
-) -> None:
+def test_a_retained_message_reaches_a_later_subscriber(mqtt_broker: MosquittoServer, clients: list[SyncClient]) -> None:
     topic = f"gpuprobe/test/{uuid.uuid4().hex}/status"
     publisher = _client(clients, mqtt_broker.port)
     assert publisher.connect() == 0

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuprobe.sim.profiles import PROFILES
 
 from gpuprobe.devservices import InfluxDBDatabase, MosquittoServer
 from gpuprobe.devservices.ports import free_port
+from gpuprobe.sim.profiles import PROFILES
 
 pytestmark = pytest.mark.slow
 
@@ -154,13 +154,29 @@ def test_three_agents_a_collector_and_a_probe_fit_together(
 ) -> None:
     broker = mqtt_broker.url
     cluster = f"e2e-{uuid.uuid4().hex[:6]}"  # the session's broker may hold other tests' agents
+    collector, agents, private = start_fleet(tmp_path, system, influxdb, broker, cluster)
+    probe_id = run_probe(system, broker, private, cluster)
+    taken = stop_agents(agents, broker)
+    measurements = ("gpu", "node", "acoustic", "trainer", "probe")
+    counts = wait_stored(influxdb, collector, measurements, taken)
+    # (c) exactly once: see the comment of check_exactly_once
+    check_exactly_once(influxdb, counts, taken)
+    check_probe_points(influxdb, probe_id, cluster)
+    check_schema_doc(influxdb, measurements)
+
+
+def start_fleet(
+    tmp_path: Path, system: System, influxdb: InfluxDBDatabase, broker: str, cluster: str
+) -> tuple[Proc, dict[str, Proc], Path]:
+    """A collector and the three agents under their simulated machines, online and streaming; the
+    operator's private key."""
     port = free_port()
     collector = system.start(
         "collector",
         [
             *gpuprobe_command(), "collector", "--insecure", "--listen", f"127.0.0.1:{port}",
             "--influx-url", influxdb.server.url, "--influx-db", influxdb.name, "--wal", str(tmp_path / "wal"),
-            "--sink-linger-s", "0.2",
+            "--sink-linger", "0.2",
         ],
     )  # fmt: skip
     keygen = run("probe", "keygen", "--out", str(tmp_path / "keys"))
@@ -198,7 +214,11 @@ def test_three_agents_a_collector_and_a_probe_fit_together(
         assert [g["name"] for g in fleet[host]["gpus"]] == [PROFILES[p].nvml_name for p in profiles]
         assert fleet[host]["cluster"] == cluster
 
-    # (a) the operator starts a signed probe; all three accept it and report their results
+    return collector, agents, private
+
+
+def run_probe(system: System, broker: str, private: Path, cluster: str) -> str:
+    """(a) the operator starts a signed probe; all three accept it and report their results."""
     probe_id = f"p-e2e-{uuid.uuid4().hex[:6]}"
     started = run(
         "probe", "start", "--broker", broker, "--key", str(private), "--probe-id", probe_id,
@@ -223,7 +243,12 @@ def test_three_agents_a_collector_and_a_probe_fit_together(
     table = run("probe", "results", probe_id, "--broker", broker)
     assert table.returncode == 0 and all(host in table.stdout for host in NODES)
 
-    # every agent stops cleanly: the control plane first (OFFLINE), then it delivers what it spooled
+    return probe_id
+
+
+def stop_agents(agents: dict[str, Proc], broker: str) -> dict[str, int]:
+    """Every agent stops cleanly: the control plane first (OFFLINE), then it delivers what it spooled;
+    the samples each took."""
     for a in agents.values():
         a.proc.send_signal(signal.SIGTERM)
     taken: dict[str, int] = {}
@@ -238,8 +263,13 @@ def test_three_agents_a_collector_and_a_probe_fit_together(
     offline = {p["host"]: p["state"] for p in json.loads(run("fleet", "--broker", broker, "--json").stdout)}
     assert all(offline[h] == "offline" for h in NODES), offline
 
-    # the collector writes its WAL into InfluxDB: wait until every point of every host is there
-    measurements = ("gpu", "node", "acoustic", "trainer", "probe")
+    return taken
+
+
+def wait_stored(
+    influxdb: InfluxDBDatabase, collector: Proc, measurements: tuple[str, ...], taken: dict[str, int]
+) -> dict[str, dict[str, int]]:
+    """The collector writes its WAL into InfluxDB: waits until every point of every host is there."""
     required = {"gpu": "power_w", "node": "cpu_pct", "acoustic": "est_dba", "trainer": "step", "probe": "kind"}
 
     def stored() -> dict[str, dict[str, int]]:
@@ -258,11 +288,11 @@ def test_three_agents_a_collector_and_a_probe_fit_together(
         counts = wait_until(complete, 30, "every sample in InfluxDB", 0.5)
     except AssertionError:
         raise AssertionError(f"stored {stored()} of {taken}\n{collector.log()[-4000:]}") from None
+    return counts
 
-    # (c) exactly once: see the comment of check_exactly_once
-    check_exactly_once(influxdb, counts, taken)
 
-    # (b) the probe's trainer and probe points, and the GPUs following the phases
+def check_probe_points(influxdb: InfluxDBDatabase, probe_id: str, cluster: str) -> None:
+    """(b) the probe's trainer and probe points, and the GPUs following the phases."""
     trainer = influx_rows(
         influxdb,
         f'SELECT "step", "phase", "samples_per_s" FROM "trainer" WHERE "probe" = \'{probe_id}\''
@@ -300,7 +330,9 @@ def test_three_agents_a_collector_and_a_probe_fit_together(
             assert load_w > 1.5 * idle_w, (where, idle_w, load_w)
             assert load_c > idle_c + 4, (where, idle_c, load_c)
 
-    # every stored field and tag is documented in docs/schema.md, with the type written there
+
+def check_schema_doc(influxdb: InfluxDBDatabase, measurements: tuple[str, ...]) -> None:
+    """Every stored field and tag is documented in docs/schema.md, with the type written there."""
     types = {"float": "float", "integer": "integer", "boolean": "boolean", "string": "string"}
     for m in (*measurements, "agent"):
         fields, tags = documented(m)

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuprobe.model import grafana
 from simprobe import ProbeRun
 
 from gpuprobe.devservices import InfluxDBError
+from gpuprobe.model import grafana
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from gpuprobe.model import ReportPaths
 from simprobe import ProbeRun, shared_probe, shared_report
 
 from gpuprobe.devservices import InfluxDBServer
+from gpuprobe.model import ReportPaths
 
 
 @pytest.fixture(scope="session")

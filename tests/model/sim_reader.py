@@ -1,5 +1,5 @@
 """Test scaffolding, not the product: reads one simulated machine through pynvml at 10 Hz and writes
-what it reads as InfluxDB line protocol in the storage schema (DESIGN.md; ``gpu``, ``node``,
+what it reads as InfluxDB line protocol in the storage schema (docs/schema.md; ``gpu``, ``node``,
 ``acoustic`` with ``source=proxy``, ``agent``), one file per machine.
 
 The real path is agent -> collector -> InfluxDB; this stands in for both so that the model tests
@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 import pynvml
+
+from gpuprobe.influx.lineprotocol import escape_tag_value
 
 INTERVAL_S = 0.1
 FIELD_POWER_INSTANT = 186
@@ -45,10 +47,6 @@ def sum_db(levels: list[float]) -> float:
     return 10 * math.log10(sum(10 ** (x / 10) for x in levels))
 
 
-def escape_tag(value: str) -> str:
-    return value.replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
-
-
 def main() -> int:
     host, out_path, ready_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     stop = False
@@ -65,7 +63,7 @@ def main() -> int:
     for i, h in enumerate(handles):
         name = pynvml.nvmlDeviceGetName(h)
         uuid = pynvml.nvmlDeviceGetUUID(h)
-        prefixes.append(f"gpu,cluster=test,gpu={i},host={host},model={escape_tag(name)},uuid={uuid} ")
+        prefixes.append(f"gpu,cluster=test,gpu={i},host={host},model={escape_tag_value(name)},uuid={uuid} ")
         try:
             pynvml.nvmlDeviceGetFanSpeed(h)
             has_fan = True

@@ -2,8 +2,8 @@
 
 The real path is agent -> collector -> InfluxDB and the trainer/probe code; this stands in for all of
 them (``sim_reader.py`` reads the GPUs through pynvml at 10 Hz in a child process per node), so the
-model and dashboard tests depend on none of their internals. What it writes follows DESIGN.md's
-schema: ``gpu``, ``node``, ``acoustic`` (proxy per GPU and per node; microphone on node-b),
+model and dashboard tests depend on none of their internals. What it writes follows the storage
+schema (docs/schema.md): ``gpu``, ``node``, ``acoustic`` (proxy per GPU and per node; microphone on node-b),
 ``trainer``, ``probe`` and ``agent``.
 
 The scenario, with time constants shortened so the whole probe takes about 45 s:
@@ -45,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gpuprobe.sim.profiles import PROFILES, GpuProfile, with_overrides
-from gpuprobe.sim.runner import SimMachine, temporary_machine
 
 from gpuprobe.devservices import InfluxDBServer
+from gpuprobe.sim.profiles import PROFILES, GpuProfile, with_overrides
+from gpuprobe.sim.runner import SimMachine, temporary_machine
 
 HERE = Path(__file__).resolve().parent
 PROBE_ID = "p-test-0001"
@@ -390,7 +390,7 @@ def shared_report(run: ProbeRun, tmp_factory: Any) -> Any:
 
     if "report" not in _CACHE:
         settings = ModelSettings(
-            influx=InfluxSettings(url=run.server.url, db=run.db),
+            influx=InfluxSettings(url=run.server.url, database=run.db),
             probe=run.probe_id,
             out_dir=tmp_factory.mktemp("model-report"),
             price_per_gpu_hour=PRICE_PER_GPU_HOUR,

@@ -12,9 +12,10 @@ import json
 import math
 
 import pytest
+from simprobe import GRID_KG_PER_KWH, MIC_HOST, MIC_OFFSET_DB, PRICE_PER_GPU_HOUR, PUE, ProbeRun
+
 from gpuprobe.model import InfluxSettings, ModelSettings, ReportPaths, fit
 from gpuprobe.model.analysis import GpuResult
-from simprobe import GRID_KG_PER_KWH, MIC_HOST, MIC_OFFSET_DB, PRICE_PER_GPU_HOUR, PUE, ProbeRun
 
 pytestmark = pytest.mark.slow
 
@@ -121,7 +122,8 @@ def test_the_gpu_with_the_larger_r_th_stands_out_and_only_it(report: ReportPaths
 
 
 def test_outlier_threshold_is_an_option(probe_run: ProbeRun, report: ReportPaths) -> None:
-    base = ModelSettings(influx=InfluxSettings(url=probe_run.server.url, db=probe_run.db), probe=probe_run.probe_id)
+    influx = InfluxSettings(url=probe_run.server.url, database=probe_run.db)
+    base = ModelSettings(influx=influx, probe=probe_run.probe_id)
     _, lenient = fit(dataclasses.replace(base, outlier_r_th_pct=60.0))
     assert lenient.outliers == []
     _, strict = fit(dataclasses.replace(base, outlier_samples_per_j_pct=1.5))
@@ -183,7 +185,9 @@ def test_running_the_model_again_overwrites_its_points(probe_run: ProbeRun, repo
     from gpuprobe.model import run
 
     settings = ModelSettings(
-        influx=InfluxSettings(url=probe_run.server.url, db=probe_run.db), probe=probe_run.probe_id, out_dir=tmp_path
+        influx=InfluxSettings(url=probe_run.server.url, database=probe_run.db),
+        probe=probe_run.probe_id,
+        out_dir=tmp_path,
     )
     again = run(settings)
     assert again.model_points_written == report.model_points_written
@@ -193,7 +197,7 @@ def test_running_the_model_again_overwrites_its_points(probe_run: ProbeRun, repo
 
 def test_a_time_range_without_a_probe_gives_the_same_fits(probe_run: ProbeRun, report: ReportPaths) -> None:
     settings = ModelSettings(
-        influx=InfluxSettings(url=probe_run.server.url, db=probe_run.db),
+        influx=InfluxSettings(url=probe_run.server.url, database=probe_run.db),
         start_ns=probe_run.start_ns,
         end_ns=probe_run.end_ns,
         hosts=("node-b",),

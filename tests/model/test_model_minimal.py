@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpuprobe.model import InfluxSettings, ModelSettings, NoDataError, run
 
 from gpuprobe.devservices import InfluxDBDatabase
+from gpuprobe.model import InfluxSettings, ModelSettings, NoDataError, run
 
 R, TAU, T_AMB = 0.1, 5.0, 25.0
 
@@ -34,7 +34,7 @@ def test_time_range_with_only_temperature_and_averaged_power(influxdb: InfluxDBD
     ]
     influxdb.write_lines(lines)
     settings = ModelSettings(
-        influx=InfluxSettings(url=influxdb.server.url, db=influxdb.name),
+        influx=InfluxSettings(url=influxdb.server.url, database=influxdb.name),
         start_ns=start_ns,
         end_ns=start_ns + int((n - 1) * dt * 1e9),
         out_dir=tmp_path,

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpuprobe.model import ReportPaths
 from simprobe import ProbeRun
 
 from gpuprobe.devservices.browser import screenshot
+from gpuprobe.model import ReportPaths
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,12 @@ import time
 
 import numpy as np
 import pytest
+
+from gpuprobe.influx.influxql import InfluxError, parse_results, quote_string
+from gpuprobe.influx.lineprotocol import encode_line
 from gpuprobe.model.acoustic import calibrate, energetic_mean, pair_levels
 from gpuprobe.model.cli import parse_time
 from gpuprobe.model.efficiency import cumulative_energy, integral_j
-from gpuprobe.model.influx import InfluxQueryError, line, parse_chunked, quote_string
 from gpuprobe.model.thermal import (
     REASON_HW_THERMAL,
     REASON_SW_POWER_CAP,
@@ -166,17 +168,19 @@ def test_chunked_answers_are_joined_per_series() -> None:
             }
         ]
     }
-    series = parse_chunked(json.dumps(chunk) + "\n" + json.dumps(last) + "\n")
+    series = parse_results(json.dumps(chunk) + "\n" + json.dumps(last) + "\n")
     assert len(series) == 1 and series[0].column("v") == [1.0, 2.0]
-    with pytest.raises(InfluxQueryError, match="database not found"):
-        parse_chunked(json.dumps({"results": [{"statement_id": 0, "error": "database not found: x"}]}))
+    with pytest.raises(InfluxError, match="database not found"):
+        parse_results(json.dumps({"results": [{"statement_id": 0, "error": "database not found: x"}]}))
 
 
 def test_line_protocol_and_influxql_quoting() -> None:
-    text = line("model", {"host": "rack 1,a=b", "gpu": "", "kind": "thermal"}, {"tau_s": 3.5, "n": 2, "m": "step"}, 7)
-    assert text == 'model,host=rack\\ 1\\,a\\=b,kind=thermal tau_s=3.5,n=2i,m="step" 7'
+    fields = {"tau_s": 3.5, "n": 2, "m": "step"}
+    text = encode_line("model", {"host": "rack 1,a=b", "gpu": "", "kind": "thermal"}, fields, 7)
+    assert text == 'model,host=rack\\ 1\\,a\\=b,kind=thermal tau_s=3.5,n=2i,m="step" 7\n'
     assert quote_string("it's") == "'it\\'s'"
-    assert line("m", {"a": "b"}, {"x": np.float64(1.5), "n": np.int64(3)}, 1) == "m,a=b x=1.5,n=3i 1"
+    numpy_fields = {"x": np.float64(1.5), "n": np.int64(3), "b": np.bool_(True)}
+    assert encode_line("m", {"a": "b"}, numpy_fields, 1) == "m,a=b x=1.5,n=3i,b=true 1\n"
 
 
 def test_times_from_the_command_line() -> None:

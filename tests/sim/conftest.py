@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpuprobe.sim import state
 from gpuprobe.sim.profiles import PROFILES, GpuProfile, with_overrides
 from gpuprobe.sim.runner import SimMachine, open_machine

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from gpuprobe.sim.profiles import PROFILES, GpuProfile
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"

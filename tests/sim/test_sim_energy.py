@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from gpuprobe.sim.profiles import PROFILES
 
 H100 = PROFILES["H100-SXM5-80GB"]

@@ -8,6 +8,7 @@ import textwrap
 import time
 
 import pytest
+
 from gpuprobe.sim import state
 from gpuprobe.sim.profiles import PROFILES, with_overrides
 from gpuprobe.sim.runner import open_machine

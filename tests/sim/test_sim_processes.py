@@ -117,7 +117,7 @@ def test_sim_load_inside_sim_run_finds_the_machine(cli, venv_bin):
         {venv_bin}/python -c 'import pynvml as N; N.nvmlInit(); \\
             print([N.nvmlDeviceGetUtilizationRates(N.nvmlDeviceGetHandleByIndex(i)).gpu for i in range(2)])'
     """
-    proc = cli("sim", "run", "--gpus", "2", "--period-ms", "50", "--", "sh", "-c", script)
+    proc = cli("sim", "run", "--gpus", "2", "--period", "50ms", "--", "sh", "-c", script)
     assert proc.returncode == 0, proc.stderr
     assert "utilization 65 % on GPU 1 from" in proc.stdout
     assert proc.stdout.splitlines()[-1] == "[0, 65]"

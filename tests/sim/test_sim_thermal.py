@@ -8,6 +8,7 @@ import re
 import sys
 
 import pytest
+
 from gpuprobe.sim.profiles import PROFILES
 
 H100 = PROFILES["H100-SXM5-80GB"]
@@ -96,8 +97,8 @@ def test_power_cap_then_thermal_slowdown(cli, sim):
         "run",
         "--gpus",
         "1",
-        "--period-ms",
-        "50",
+        "--period",
+        "50ms",
         "--set",
         "0.r_th_c_per_w=0.2",
         "--set",

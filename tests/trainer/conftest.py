@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpuprobe.sim.profiles import PROFILES, with_overrides
 from gpuprobe.sim.runner import SimMachine, open_machine
 

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuprobe.trainer.run import TrainConfig, run
+
+from gpuprobe.trainer.run import TrainSettings, run
 
 
 def test_progress_and_probe_events_reach_the_agent_socket(agent_socket: Any) -> None:
-    config = TrainConfig(
+    config = TrainSettings(
         workload="matmul-burn", size="tiny", device="cpu", threads=1, duration_s=1.0, idle_baseline_s=0.3,
         warmup_s=0.2, cooldown_s=0.3, probe_id="p-42", agent_socket=agent_socket.path, progress_interval_s=0.2,
     )  # fmt: skip
@@ -43,7 +44,7 @@ def test_progress_and_probe_events_reach_the_agent_socket(agent_socket: Any) -> 
 
 def test_every_line_is_valid_for_the_agents_parser(agent_socket: Any) -> None:
     trainer_input = pytest.importorskip("gpuprobe.agent.trainer_input")
-    config = TrainConfig(
+    config = TrainSettings(
         workload="gpt", size="tiny", device="cpu", threads=1, duration_s=0.5, idle_baseline_s=0.1,
         warmup_s=0.1, cooldown_s=0.1, probe_id="p-7", agent_socket=agent_socket.path, progress_interval_s=0.1,
     )  # fmt: skip
@@ -56,7 +57,7 @@ def test_every_line_is_valid_for_the_agents_parser(agent_socket: Any) -> None:
 
 def test_without_an_agent_the_run_succeeds_and_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="gpuprobe.trainer.report")
-    config = TrainConfig(
+    config = TrainSettings(
         workload="idle", size="tiny", device="cpu", duration_s=0.5, idle_baseline_s=0, warmup_s=0,
         cooldown_s=0, probe_id="p-1", agent_socket=tmp_path / "nobody.sock", progress_interval_s=0.1,
     )  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from gpuprobe.trainer import catalog
 from gpuprobe.trainer.models import build_model, parameter_count
 

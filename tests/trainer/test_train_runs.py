@@ -9,13 +9,14 @@ import time
 from typing import Any
 
 import pytest
+
 from gpuprobe.trainer import catalog
-from gpuprobe.trainer.run import TrainConfig, run
+from gpuprobe.trainer.run import TrainSettings, run
 
 
 def _run(**kwargs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     events: list[dict[str, Any]] = []
-    config = TrainConfig(size="tiny", device="cpu", threads=1, progress_interval_s=0.25, **kwargs)
+    config = TrainSettings(size="tiny", device="cpu", threads=1, progress_interval_s=0.25, **kwargs)
     result = run(config, events.append)
     return result, events
 

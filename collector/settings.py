@@ -1,4 +1,5 @@
-"""The collector's settings, checked once at start (fail fast, never after)."""
+"""The collector's settings (:class:`CollectorSettings`, built from its options in ``collector/cli.py``),
+checked once at start (fail fast, never after)."""
 
 from __future__ import annotations
 
@@ -8,28 +9,12 @@ from pathlib import Path
 
 from gpuprobe.collector.sink import SinkSettings
 from gpuprobe.collector.validate import Limits
+from gpuprobe.errors import ConfigError
+from gpuprobe.influx.settings import InfluxSettings
 
 
-class CollectorConfigError(ValueError):
+class CollectorConfigError(ConfigError):
     """A setting or a combination of settings that cannot work (the message says which)."""
-
-
-@dataclass(frozen=True)
-class InfluxSettings:
-    url: str = "http://127.0.0.1:8086"
-    api: str = "v1"  # "v1": /write (1.x, and 2.x/3.x compatibility); "v2": /api/v2/write via influxdb-client
-    database: str = "gpuprobe"  # v1
-    retention_policy: str = ""  # v1; empty: the database's default
-    username: str = ""  # v1 basic auth
-    password: str = ""
-    token: str = ""  # v1: "Authorization: Token ..."; v2: required
-    org: str = ""  # v2
-    bucket: str = ""  # v2
-    create_database: bool = False  # v1: CREATE DATABASE (and the retention policy) at start and on a 404
-    retention: str = ""  # duration of a created retention policy, e.g. "90d"; empty: infinite
-    ca_file: str = ""
-    timeout_s: float = 30.0
-    gzip_level: int = 1  # 0: no compression (v2: any level > 0 means gzip)
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -50,7 +35,7 @@ def default_collector_id() -> str:
 
 
 @dataclass(frozen=True)
-class CollectorConfig:
+class CollectorSettings:
     listen: str = "0.0.0.0:7447"
     wal_dir: Path = Path("/var/lib/gpuprobe/collector")
     wal_max_bytes: int = 8 << 30

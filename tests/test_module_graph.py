@@ -1,0 +1,196 @@
+"""The shape of the package's imports (docs/architecture.md, "Rules the tests enforce").
+
+The import graph is read with ``ast`` from the sources of every ``gpuprobe`` module (the folders of
+``package-dir`` in pyproject.toml). Every ``import`` statement counts: at module level, inside a
+function (the lazy imports that keep ``gpuprobe --help`` light still make a dependency) and under
+``if TYPE_CHECKING:``; none had to be excluded. An edge goes to the module named, or to the
+sub-module for ``from PACKAGE import MODULE``; importing a sub-module is *not* counted as importing
+its parent packages, whose ``__init__`` files import nothing eagerly.
+
+- no cycles;
+- only the entry point (``gpuprobe/__main__.py``; the ``gpuprobe`` script calls ``gpuprobe.cli:main``)
+  imports the dispatcher ``gpuprobe/cli.py``, and only a ``cli`` module imports another ``cli`` module:
+  what several commands share lives in a non-CLI module (``gpuprobe/config.py``, ``control/settings.py``);
+- one NVML boundary: only ``agent/sensors/gpu.py`` imports ``pynvml`` (the simulator package does not
+  need to; tests and benchmarks read NVML directly, as peers do);
+- and every module imports (in a child interpreter, the way a user's program would).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRY_POINT = "gpuprobe.__main__"
+DISPATCHER = "gpuprobe.cli"
+NVML_BOUNDARY = {"gpuprobe.agent.sensors.gpu"}
+
+
+def package_modules() -> dict[str, Path]:
+    """Module name -> source file, for every module of the installed package shape."""
+    mapping: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    modules: dict[str, Path] = {}
+    for package, folder in mapping.items():
+        base = ROOT / folder
+        for path in sorted(base.rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if "__pycache__" in parts:
+                continue
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules.setdefault(".".join([package, *parts]), path)
+    return modules
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    target: str  # a dotted module name, ours or not
+    line: int
+
+
+def _dynamic_target(node: ast.Call) -> str | None:
+    """``importlib.import_module("x")`` and ``__import__("x")`` with a literal name."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+        value = node.args[0].value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(name, alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                yield Import(name, sub if sub in modules else module, node.lineno)
+        elif isinstance(node, ast.Call) and (target := _dynamic_target(node)) is not None:
+            yield Import(name, target, node.lineno)
+
+
+MODULES = package_modules()
+IMPORTS = [i for name, path in MODULES.items() for i in imports_of(name, path, MODULES)]
+GRAPH: dict[str, set[str]] = {name: set() for name in MODULES}
+for _i in IMPORTS:
+    if _i.target in MODULES and _i.target != _i.importer:
+        GRAPH[_i.importer].add(_i.target)
+
+
+def _is_cli(module: str) -> bool:
+    return module.rpartition(".")[2] == "cli"
+
+
+def _where(imports: list[Import]) -> str:
+    return "\n".join(f"{MODULES[i.importer].relative_to(ROOT)}:{i.line}: imports {i.target}" for i in imports)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a path (first node repeated at the end), or None; depth-first, iterative."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        path: list[str] = [start]
+        todo: list[Iterator[str]] = [iter(sorted(graph[start]))]
+        state[start] = 1
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                todo.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                todo.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def test_the_graph_covers_the_package() -> None:
+    for module in (DISPATCHER, ENTRY_POINT, "gpuprobe.config", *NVML_BOUNDARY, "gpuprobe.control.settings"):
+        assert module in MODULES, module
+    assert GRAPH[ENTRY_POINT] == {DISPATCHER}
+    assert {"gpuprobe.agent.cli", "gpuprobe.control.cli", "gpuprobe.demo"} <= GRAPH[DISPATCHER]  # lazy imports count
+
+
+def test_find_cycle_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_only_the_entry_point_imports_the_dispatcher() -> None:
+    bad = [i for i in IMPORTS if i.target == DISPATCHER and i.importer != ENTRY_POINT]
+    assert not bad, f"only {ENTRY_POINT} may import {DISPATCHER}:\n{_where(bad)}"
+
+
+def test_only_cli_modules_import_cli_modules() -> None:
+    bad = [
+        i
+        for i in IMPORTS
+        if i.target in MODULES and _is_cli(i.target) and not _is_cli(i.importer) and i.importer != ENTRY_POINT
+    ]
+    assert not bad, f"non-CLI modules that import a CLI module:\n{_where(bad)}"
+
+
+def test_one_module_imports_pynvml() -> None:
+    importers = [i for i in IMPORTS if i.target.split(".")[0] == "pynvml"]
+    assert {i.importer for i in importers} == NVML_BOUNDARY, _where(importers)
+
+
+def test_every_module_imports() -> None:
+    names = sorted(m for m in MODULES if m != ENTRY_POINT)  # __main__ runs the CLI when imported
+    code = textwrap.dedent(
+        f"""
+        import importlib, sys
+        failed = []
+        for name in {names!r}:
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError as e:
+                if (e.name or "").split(".")[0] == "gpuprobe":
+                    failed.append(f"{{name}}: {{e!r}}")
+                # else: an optional extra that is not installed here (tests/test_roles.py covers the roles)
+            except Exception as e:
+                failed.append(f"{{name}}: {{e!r}}")
+        print("\\n".join(failed))
+        sys.exit(1 if failed else 0)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"modules that do not import:\n{done.stdout}{done.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _is_cli(m)))
+def test_cli_modules_are_light(module: str) -> None:
+    """A CLI module is imported to list the commands; what is heavy loads when its command runs."""
+    heavy = ("torch", "matplotlib", "pynvml", "grpc", "aiomqtt", "cryptography", "numpy", "scipy", "httpx")
+    code = f"import sys, {module}\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}} & {set(heavy)!r})))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "", f"importing {module} loads {done.stdout.strip()}"
