@@ -10,7 +10,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from gpuprobe.v1 import common_pb2
+from gpuprobe.collector.validate import Limits, StreamError, check_hello
+from gpuprobe.errors import ConfigError
+from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 DMI_DIR = Path("/sys/class/dmi/id")
 AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
@@ -24,7 +26,7 @@ VIRT_NAMES: dict[str, common_pb2.Virtualization] = {
 }
 
 
-class IdentityError(ValueError):
+class IdentityError(ConfigError):
     pass
 
 
@@ -78,6 +80,19 @@ def check_label(name: str, value: str, topic_safe: bool = False) -> str:
     if topic_safe and (not value or any(c in value for c in "/+#")):
         raise IdentityError(f"{name} {value!r} must be non-empty and contain none of / + # (it names MQTT topics)")
     return value
+
+
+def check_storable(ident: common_pb2.AgentIdentity) -> None:
+    """Refuses an identity that the collector would refuse, with the collector's own message.
+
+    Every point the agent sends carries these labels as tags, so a collector refuses the stream of
+    an identity it cannot store (a host name ending in a backslash, for example, which InfluxDB
+    cannot write): checked at start, it is a configuration error instead of a retry loop.
+    """
+    try:
+        check_hello(telemetry_pb2.Hello(identity=ident), Limits())
+    except StreamError as e:
+        raise IdentityError(f"{e.message}; the collector would refuse this agent's stream") from None
 
 
 def default_host() -> str:

@@ -29,6 +29,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpuprobe import __version__
 from gpuprobe.agent import identity
 from gpuprobe.agent.batcher import Batcher
 from gpuprobe.agent.metrics import Counters, serve_metrics
@@ -38,11 +39,9 @@ from gpuprobe.agent.sensors.gpu import GpuSensor, GpuSensorError
 from gpuprobe.agent.sensors.host import HostSensor
 from gpuprobe.agent.sensors.proxy import AcousticProxy
 from gpuprobe.agent.settings import AgentSettings
-from gpuprobe.agent.spool import AsyncSpool, Spool, SpoolError, SpoolState
+from gpuprobe.agent.spool import Appended, AsyncSpool, Spool, SpoolError, SpoolState, Unspooled
 from gpuprobe.agent.trainer_input import Message, TrainerInput
 from gpuprobe.agent.uplink import Uplink
-
-from gpuprobe import __version__
 from gpuprobe.systemd import Notifier, watchdog_interval_s
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
@@ -56,6 +55,14 @@ def void(_value: object) -> None:
     """Discards a value (a callback's result nobody needs)."""
 
 
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 STATUS_EVERY_S = 10.0  # and whenever the stream to a collector opens or ends
 
 
@@ -66,6 +73,9 @@ class Agent:
         self.notifier = Notifier()
         self._flush_now: asyncio.Event | None = None
         self._last_drop_log = 0.0
+        self._unspooled = Unspooled(settings.spool_memory_max_bytes)
+        self._spool_failing_since: float | None = None
+        self._last_spool_error_log = 0.0
 
     def run(self) -> int:
         return asyncio.run(self._main())
@@ -73,22 +83,87 @@ class Agent:
     # ------------------------------------------------------------------ start
 
     async def _main(self) -> int:
+        # every part started is stopped on every path (an early exit, an error), in reverse order
+        async with contextlib.AsyncExitStack() as parts:
+            return await self._serve(parts)
+
+    async def _serve(self, parts: contextlib.AsyncExitStack) -> int:
         s = self.settings
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        parts.callback(self.notifier.close)
         try:
             spool = Spool(s.spool_dir, s.spool_max_bytes, s.spool_max_age_s)
         except SpoolError as e:
             log.error("%s", e)
             return 1
         self.spool = AsyncSpool(spool)
-        state = spool.state()
+        parts.push_async_callback(self.spool.close)
+        self._report_spool(spool.state())
+        gpus = self._open_gpus()
+        if gpus is not None:
+            parts.callback(gpus.close)
+        mic = self._start_microphone()
+        if mic is not None:
+            parts.callback(mic.stop)
+        sampler = self._build_pipeline(gpus, mic)
+        control: EmbeddedControl | None = None
+        if s.control is not None:
+            from gpuprobe.agent.fleet import AgentGpus, EmbeddedControl
+
+            try:
+                control = EmbeddedControl(
+                    dataclasses.replace(s.control, identity=self.identity),
+                    AgentGpus(self.infos, sampler),
+                    self._control_status,
+                )
+            except OSError as e:
+                log.error("control directory %s: %s", s.control.state_dir, e.strerror or e)
+                return 1
+        trainer = await self._start_trainer_input()
+        if trainer is not None:
+            parts.push_async_callback(trainer.stop)
+        self._serve_metrics(parts)
+
+        sampler.start()
+        parts.callback(sampler.stop)
+        self.uplink.start()
+        parts.push_async_callback(self.uplink.stop)
+        tasks = [
+            asyncio.create_task(self._flusher(), name="gpuprobe-flusher"),
+            asyncio.create_task(self._watchdog(sampler), name="gpuprobe-watchdog"),
+            asyncio.create_task(self._status(), name="gpuprobe-status"),
+        ]
+        parts.push_async_callback(_cancel, tasks)
+        if control is not None:
+            control.start()
+            parts.push_async_callback(control.stop)
+        hz = 1 / s.interval_s
+        log.info(
+            "agent %s (gpuprobe %s): %d GPUs at %g Hz, host and acoustics at 1 Hz; collector %s; spool %s%s",
+            self.identity.agent_id,
+            __version__,
+            len(self.infos),
+            hz,
+            ",".join(s.uplink.targets),
+            s.spool_dir,
+            f"; fleet probes over {s.control.broker.url}" if s.control is not None else "",
+        )
+        self.notifier.ready(status=f"sampling {len(self.infos)} GPUs at {hz:g} Hz")
+
+        await stop.wait()
+        await self._stop(sampler, mic, trainer, control, tasks)
+        return 0
+
+    # ------------------------------------------------------------------ the parts
+
+    def _report_spool(self, state: SpoolState) -> None:
         if state.batches:
             log.info(
                 "spool %s holds %d batches (%d samples, seq %d-%d) from a previous run: they are sent first",
-                s.spool_dir,
+                self.settings.spool_dir,
                 state.batches,
                 state.samples,
                 state.oldest_seq,
@@ -96,108 +171,95 @@ class Agent:
             )
         self.counters.set(spool_bytes=state.bytes, spool_batches=state.batches)
 
+    def _open_gpus(self) -> GpuSensor | None:
+        """NVML's GPUs (None: the host and acoustics only), and the identity that they complete."""
+        s = self.settings
         gpus: GpuSensor | None
         try:
             gpus = GpuSensor.open()
         except GpuSensorError as e:
             log.error("%s: sampling the host and acoustics only", e)
             gpus = None
-        infos = gpus.infos if gpus is not None else []
+        self.infos = gpus.infos if gpus is not None else []
         ident = common_pb2.AgentIdentity()
         ident.CopyFrom(s.identity)
-        virt = (
+        ident.virtualization = (
             s.virt_override
             if s.virt_override is not None
             else identity.virtualization(gpus.virtualization if gpus else None, identity.hypervisor_present())
         )
-        ident.virtualization = virt
         self.identity = ident
-        self.infos = infos
+        return gpus
 
-        mic: Microphone | None = None
-        if s.mic_device:
-            mic = Microphone(s.mic_device, s.mic_calibration_db, s.mic_samplerate_hz)
-            if not mic.start():
-                mic = None
-        else:
+    def _start_microphone(self) -> Microphone | None:
+        s = self.settings
+        if not s.mic_device:
             log.info("no microphone configured (--mic-device): acoustic values come from the proxy only")
+            return None
+        mic = Microphone(s.mic_device, s.mic_calibration_db, s.mic_samplerate_hz)
+        return mic if mic.start() else None
 
+    def _build_pipeline(self, gpus: GpuSensor | None, mic: Microphone | None) -> Sampler:
+        """sensors -> sampler -> batcher, and the uplink that reads the spool."""
+        s = self.settings
+        loop = asyncio.get_running_loop()
         self._flush_now = asyncio.Event()
         flush_now = self._flush_now
         self.batcher = Batcher(
-            ident.agent_id,
-            infos,
+            self.identity.agent_id,
+            self.infos,
             self.counters,
             s.batch_max_samples,
             on_full=lambda: void(loop.call_soon_threadsafe(flush_now.set)),
         )
         self.uplink = Uplink(s.uplink, self.spool, self._hello, self.counters)
-        sampler = Sampler(
+        return Sampler(
             self.batcher,
             self.counters,
             s.interval_s,
             gpus,
             HostSensor(s.hwmon_dir),
-            AcousticProxy(s.proxy, infos),
+            AcousticProxy(s.proxy, self.infos),
             mic,
             s.pcie_interval_s,
         )
-        control: EmbeddedControl | None = None
-        if s.control is not None:
-            from gpuprobe.agent.fleet import AgentGpus, EmbeddedControl
 
-            try:
-                control = EmbeddedControl(
-                    dataclasses.replace(s.control, identity=ident),
-                    AgentGpus(infos, sampler),
-                    self._control_status,
-                )
-            except OSError as e:
-                log.error("control directory %s: %s", s.control.state_dir, e.strerror or e)
-                await self.spool.close()
-                if gpus is not None:
-                    gpus.close()
-                return 1
-        trainer: TrainerInput | None = None
-        if s.trainer_socket is not None:
-            trainer = TrainerInput(s.trainer_socket, self._trainer_message, lambda: self.counters.add(trainer_errors=1))
-            try:
-                await trainer.start()
-            except OSError as e:
-                log.error("trainer socket %s: %s; trainer progress is not collected", s.trainer_socket, e)
-                trainer = None
-        metrics: Any = None
-        if s.metrics_listen is not None:
-            try:
-                metrics = serve_metrics(self.counters, *s.metrics_listen)
-            except OSError as e:
-                log.error("metrics endpoint %s:%d: %s; continuing without it", *s.metrics_listen, e)
+    async def _start_trainer_input(self) -> TrainerInput | None:
+        path = self.settings.trainer_socket
+        if path is None:
+            return None
+        trainer = TrainerInput(path, self._trainer_message, lambda: self.counters.add(trainer_errors=1))
+        try:
+            await trainer.start()
+        except OSError as e:
+            log.error("trainer socket %s: %s; trainer progress is not collected", path, e)
+            return None
+        return trainer
 
-        sampler.start()
-        self.uplink.start()
-        if control is not None:
-            control.start()
-        tasks = [
-            asyncio.create_task(self._flusher(), name="gpuprobe-flusher"),
-            asyncio.create_task(self._watchdog(sampler), name="gpuprobe-watchdog"),
-            asyncio.create_task(self._status(), name="gpuprobe-status"),
-        ]
-        hz = 1 / s.interval_s
-        log.info(
-            "agent %s (gpuprobe %s): %d GPUs at %g Hz, host and acoustics at 1 Hz; collector %s; spool %s%s",
-            ident.agent_id,
-            __version__,
-            len(infos),
-            hz,
-            ",".join(s.uplink.targets),
-            s.spool_dir,
-            f"; fleet probes over {s.control.broker.url}" if s.control is not None else "",
-        )
-        self.notifier.ready(status=f"sampling {len(infos)} GPUs at {hz:g} Hz")
+    def _serve_metrics(self, parts: contextlib.AsyncExitStack) -> None:
+        listen = self.settings.metrics_listen
+        if listen is None:
+            return
+        try:
+            server = serve_metrics(self.counters, *listen)
+        except OSError as e:
+            log.error("metrics endpoint %s:%d: %s; continuing without it", *listen, e)
+            return
+        parts.callback(server.shutdown)
 
-        await stop.wait()
+    # ------------------------------------------------------------------ stop
 
-        # ------------------------------------------------------------------ stop
+    async def _stop(
+        self,
+        sampler: Sampler,
+        mic: Microphone | None,
+        trainer: TrainerInput | None,
+        control: EmbeddedControl | None,
+        tasks: list[asyncio.Task[None]],
+    ) -> None:
+        """SIGTERM: the parts in the order that loses nothing; the exit stack then closes the rest."""
+        s = self.settings
+        loop = asyncio.get_running_loop()
         stop_started = loop.time()
         self.notifier.stopping()
         if control is not None:
@@ -211,12 +273,17 @@ class Agent:
             mic.stop()
         if trainer is not None:
             await trainer.stop()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancel(tasks)
         await self._flush()
+        if self._unspooled:
+            held = self._unspooled
+            log.error(
+                "could not spool %d batches (%d samples) held in memory before stopping (the spool still"
+                " takes none): they are lost, and counted as dropped",
+                len(held),
+                held.samples,
+            )
+            self.counters.add(samples_dropped=held.samples, batches_dropped=len(held))
         remaining = max(0.0, s.grace_s - (loop.time() - stop_started))
         delivered = await self.uplink.drain(remaining)
         await self.uplink.stop(timeout_s=2.0)
@@ -232,13 +299,6 @@ class Agent:
             if delivered
             else f"{final.batches} batches ({final.samples} samples) stay in the spool for the next start",
         )
-        await self.spool.close()
-        if gpus is not None:
-            gpus.close()
-        if metrics is not None:
-            metrics.shutdown()
-        self.notifier.close()
-        return 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -278,16 +338,23 @@ class Agent:
             await self._flush()
 
     async def _flush(self) -> None:
+        """Moves the open batch into the spool, after any batches that wait in memory for room."""
         taken = self.batcher.take()
-        if taken is None:
-            return
-        batch, samples = taken
-        try:
-            appended = await self.spool.append(batch, samples, protect=self.uplink.protected)
-        except Exception as e:  # disk full, I/O error: the batch is lost, the agent keeps going
-            log.error("could not spool a batch of %d samples (%s): they are lost", samples, e)
-            self.counters.add(samples_dropped=samples, batches_dropped=1)
-            return
+        if taken is not None:
+            self._unspooled.append(*taken)
+        while self._unspooled:
+            batch, samples = self._unspooled.oldest()
+            try:
+                appended = await self.spool.append(
+                    batch, samples, protect=self.uplink.protected, dropped_elsewhere=self._unspooled.dropped
+                )
+            except Exception as e:  # disk full with nothing left to drop, I/O error: wait in memory
+                self._spool_failed(e)
+                return
+            self._unspooled.spooled()
+            self._spooled(appended, samples)
+
+    def _spooled(self, appended: Appended, samples: int) -> None:
         spool = self.spool.spool
         self.counters.add(
             batches_spooled=1,
@@ -296,18 +363,50 @@ class Agent:
             samples_dropped=appended.dropped_samples,
         )
         self.counters.set(spool_bytes=spool.bytes, spool_batches=spool.batches)
-        if appended.dropped_batches:
+        if self._spool_failing_since is not None:
+            log.warning(
+                "the spool %s takes batches again after %.0f s",
+                spool.directory,
+                time.monotonic() - self._spool_failing_since,
+            )
+            self._spool_failing_since = None
+        if appended.dropped_batches or appended.disk_full:
             now = time.monotonic()
             if now - self._last_drop_log >= 60.0:
                 self._last_drop_log = now
                 totals = self.counters.snapshot()
                 log.warning(
-                    "spool cap reached (%d bytes): dropped the oldest batches, %d samples so far"
-                    " (reported in AgentStats and the samples_dropped counter)",
-                    spool.max_bytes,
+                    "%s: dropped the oldest batches, %d samples so far (reported in AgentStats and the"
+                    " samples_dropped counter)",
+                    f"the spool's disk is full ({spool.directory}: ENOSPC), so room was made in the spool"
+                    if appended.disk_full
+                    else f"spool cap reached ({spool.max_bytes} bytes)",
                     totals.samples_dropped,
                 )
         self.uplink.notify(appended.stored(), dropped=appended.dropped_batches > 0)
+
+    def _spool_failed(self, error: Exception) -> None:
+        """The spool cannot take a batch: keep sampling, hold batches in memory up to the bound."""
+        dropped_samples, dropped_batches = self._unspooled.bound()
+        if dropped_batches:
+            self.counters.add(samples_dropped=dropped_samples, batches_dropped=dropped_batches)
+        now = time.monotonic()
+        if self._spool_failing_since is None:
+            self._spool_failing_since = now
+        elif now - self._last_spool_error_log < 60.0:
+            return
+        self._last_spool_error_log = now
+        held = self._unspooled
+        log.error(
+            "could not spool a batch (%s); holding %d batches (%d samples, %d bytes) in memory, at most %d bytes:"
+            " beyond that the oldest are dropped and counted (%d samples so far); sampling goes on",
+            error,
+            len(held),
+            held.samples,
+            held.bytes,
+            held.max_bytes,
+            self.counters.snapshot().samples_dropped,
+        )
 
     async def _watchdog(self, sampler: Sampler) -> None:
         interval = watchdog_interval_s()

@@ -1,6 +1,6 @@
 """The durable spool: every batch is in SQLite before it is sent, and leaves only when acknowledged.
 
-Format (``<spool dir>/spool.sqlite3``, SQLite in WAL mode with ``synchronous=FULL``)::
+Format (``<spool dir>/spool.sqlite3``, SQLite with a rollback journal, ``synchronous=FULL``)::
 
     meta(key TEXT PRIMARY KEY, value)        format_version  1
                                              spool_id        random hex, made with the spool
@@ -16,6 +16,11 @@ Format (``<spool dir>/spool.sqlite3``, SQLite in WAL mode with ``synchronous=FUL
 ``<spool dir>/lock`` is held (``flock``) by the agent that owns the spool, so two agents never share
 one.
 
+The journal is a rollback journal that is deleted after each commit, not SQLite's WAL: a WAL file
+keeps growing while a checkpoint cannot complete, and on a full disk it can hold all the data and
+leave no way to free any. With a rollback journal the data is in the database file, and rows that
+are deleted leave free pages there that the next batches reuse.
+
 Invariants:
 
 1. :meth:`Spool.append` returns only after the batch's transaction is committed with
@@ -29,6 +34,13 @@ Invariants:
    transaction and reported in the ``AgentStats`` of the appended batch, whose commit also resets
    them: a drop is counted exactly once, even across restarts.
 4. The newest batch is never dropped by the cap, so a spool always holds what was sampled last.
+5. The disk is one more cap: a batch is stored only where it fits in the database's free pages
+   plus the disk's free space less :data:`DISK_MARGIN_BYTES` (kept for SQLite's journal, without
+   which not even a delete can run); otherwise the oldest rows are dropped first, as for the size
+   cap (same victims, same order, counted the same way, in the same transaction). Should SQLite
+   still answer "database or disk is full" (another process filled the disk), the oldest rows are
+   dropped in a transaction of their own until the batch fits; when that fails too,
+   :class:`SpoolDiskFull` is raised, and the agent holds batches in memory (bounded) and tries again.
 
 A file that SQLite cannot read is moved aside (``spool.sqlite3.corrupt-<unix time>``) with an error
 log, and a new spool (new ``spool_id``) is started: sampling matters more than an unreadable file.
@@ -37,7 +49,10 @@ log, and a new spool (new ``spool_id``) is started: sampling matters more than a
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -49,6 +64,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from gpuprobe.errors import ServiceError
+from gpuprobe.fulldisk import free_disk_bytes, is_disk_full
 from gpuprobe.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)
@@ -56,12 +73,21 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 DB_NAME = "spool.sqlite3"
 LOCK_NAME = "lock"
+DISK_MARGIN_BYTES = 128 * 1024  # never filled with batches: room for the journal of a delete or insert
 
 T = TypeVar("T")
 
 
-class SpoolError(RuntimeError):
+class SpoolError(ServiceError, RuntimeError):
     """The spool directory cannot be used (not writable, or owned by another running agent)."""
+
+
+class SpoolDiskFull(SpoolError):
+    """The spool's disk has no room for the batch, even with every droppable batch dropped."""
+
+
+_ROOM_SLACK_BYTES = 16 * 1024  # freed beyond the batch's own size: SQLite's pages and index entries
+_MAX_ROOM_ROUNDS = 64
 
 
 @dataclass(frozen=True)
@@ -76,9 +102,10 @@ class Appended:
     seq: int
     samples: int
     size_bytes: int
-    dropped_samples: int  # by the cap, in this append
+    dropped_samples: int  # by the cap (or to make room on a full disk), in this append
     dropped_batches: int
     payload: bytes
+    disk_full: bool = False  # the spool's disk was full: room was made first
 
     def stored(self) -> Stored:
         return Stored(self.seq, self.samples, self.payload)
@@ -126,12 +153,13 @@ class Spool:
             self._db = self._recover(e)
         self._reload_totals()
         self.spool_id = str(self._db.execute("SELECT value FROM meta WHERE key='spool_id'").fetchone()[0])
+        self._page_bytes = int(self._db.execute("PRAGMA page_size").fetchone()[0])
 
     # ------------------------------------------------------------------ opening
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.directory / DB_NAME, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA journal_mode=DELETE").fetchall()  # (also turns a spool of an older agent off WAL)
         db.execute("PRAGMA synchronous=FULL")
         return db
 
@@ -192,14 +220,97 @@ class Spool:
         samples: int,
         now_ns: int | None = None,
         protect: Callable[[], tuple[int, int]] | None = None,
+        dropped_elsewhere: tuple[int, int] = (0, 0),
     ) -> Appended:
         """Assign the next seq, enforce the cap, store the batch durably; ``batch`` gets its seq and stats.
 
         ``protect`` tells the cap what the uplink is doing: ``(acked_through, sent_through)``. Rows up
         to ``acked_through`` are acknowledged (their delete is pending) and make room first, without
         counting as drops; rows in ``(acked_through, sent_through]`` are in flight and are not dropped.
+        ``dropped_elsewhere``: (samples, batches) the agent dropped before they reached the spool (its
+        memory buffer while the disk was full), counted with this batch like the cap's drops.
+
+        On a full disk the oldest droppable rows are dropped until the batch fits (invariant 5);
+        :class:`SpoolDiskFull` when nothing droppable is left.
         """
         now_ns = time.time_ns() if now_ns is None else now_ns
+        made_room: tuple[int, int] = (0, 0)
+        disk_full = False
+        for _ in range(_MAX_ROOM_ROUNDS):
+            try:
+                appended = self._append(batch, samples, now_ns, protect, dropped_elsewhere)
+            except sqlite3.Error as e:
+                if not is_disk_full(e):
+                    raise
+                disk_full = True
+                dropped = self._make_room(batch.ByteSize() + _ROOM_SLACK_BYTES, now_ns, protect)
+                if dropped is None:
+                    raise SpoolDiskFull(
+                        f"no space left on the spool's disk ({self.directory / DB_NAME}: ENOSPC, SQLite says"
+                        f" {e!s}), and no spooled batch is left to drop"
+                    ) from None
+                made_room = (made_room[0] + dropped[0], made_room[1] + dropped[1])
+                continue
+            if not disk_full:
+                return appended
+            return dataclasses.replace(
+                appended,
+                dropped_samples=appended.dropped_samples + made_room[0],
+                dropped_batches=appended.dropped_batches + made_room[1],
+                disk_full=True,
+            )
+        raise SpoolDiskFull(f"no space left on the spool's disk ({self.directory / DB_NAME}) after dropping batches")
+
+    def _make_room(
+        self, need_bytes: int, now_ns: int, protect: Callable[[], tuple[int, int]] | None
+    ) -> tuple[int, int] | None:
+        """Drops the oldest droppable rows worth ``need_bytes`` in a transaction of their own, counted
+        as pending drops; (samples, batches) dropped, or None when nothing could be freed."""
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            acked_through, sent_through = protect() if protect is not None else (0, 0)
+            before = self._bytes
+            dropped_samples, dropped_batches = self._enforce_cap(
+                0, now_ns, acked_through, sent_through, free_bytes=need_bytes
+            )
+            if self._bytes == before:
+                self._rollback()
+                return None
+            self._count_drops(dropped_samples, dropped_batches, pending=True)
+            db.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._rollback()
+            self._reload_totals()
+            log.debug("could not make room in the spool: %s", e)
+            return None
+        return dropped_samples, dropped_batches
+
+    def _count_drops(self, samples: int, batches: int, pending: bool) -> None:
+        """Adds drops to the lifetime totals (and, with ``pending``, to what the next batch reports)."""
+        if not batches and not samples:
+            return
+        if pending:
+            self._set_meta("pending_dropped_samples", self._meta("pending_dropped_samples") + samples)
+            self._set_meta("pending_dropped_batches", self._meta("pending_dropped_batches") + batches)
+        self._set_meta("dropped_samples_total", self._meta("dropped_samples_total") + samples)
+        self._set_meta("dropped_batches_total", self._meta("dropped_batches_total") + batches)
+
+    def _rollback(self) -> None:
+        # SQLite rolls a transaction back by itself on some errors (a full disk at COMMIT): a second
+        # ROLLBACK would fail with "no transaction is active" and hide the real error
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+
+    def _append(
+        self,
+        batch: telemetry_pb2.SampleBatch,
+        samples: int,
+        now_ns: int,
+        protect: Callable[[], tuple[int, int]] | None,
+        dropped_elsewhere: tuple[int, int],
+    ) -> Appended:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -207,9 +318,14 @@ class Spool:
             batch.seq = seq
             size_estimate = batch.ByteSize() + 32  # the stats and seq still to be filled in
             acked_through, sent_through = protect() if protect is not None else (0, 0)
-            dropped_samples, dropped_batches = self._enforce_cap(size_estimate, now_ns, acked_through, sent_through)
-            pending_samples = self._meta("pending_dropped_samples") + dropped_samples
-            pending_batches = self._meta("pending_dropped_batches") + dropped_batches
+            short_bytes = size_estimate + _ROOM_SLACK_BYTES - self._room_bytes()
+            dropped_samples, dropped_batches = self._enforce_cap(
+                size_estimate, now_ns, acked_through, sent_through, free_bytes=max(0, short_bytes)
+            )
+            recorded_samples = dropped_samples + dropped_elsewhere[0]
+            recorded_batches = dropped_batches + dropped_elsewhere[1]
+            pending_samples = self._meta("pending_dropped_samples") + recorded_samples
+            pending_batches = self._meta("pending_dropped_batches") + recorded_batches
             stats = batch.stats
             stats.dropped_samples = pending_samples
             stats.dropped_batches = pending_batches
@@ -222,28 +338,35 @@ class Spool:
             self._set_meta("last_seq", seq)
             self._set_meta("pending_dropped_samples", 0)
             self._set_meta("pending_dropped_batches", 0)
-            if dropped_batches:
-                total_s = self._meta("dropped_samples_total") + dropped_samples
-                total_b = self._meta("dropped_batches_total") + dropped_batches
-                self._set_meta("dropped_samples_total", total_s)
-                self._set_meta("dropped_batches_total", total_b)
+            self._count_drops(recorded_samples, recorded_batches, pending=False)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            self._rollback()
             self._reload_totals()
             raise
         self._batches += 1
         self._samples += samples
         self._bytes += len(payload)
-        return Appended(seq, samples, len(payload), dropped_samples, dropped_batches, payload)
+        return Appended(
+            seq, samples, len(payload), dropped_samples, dropped_batches, payload, disk_full=short_bytes > 0
+        )
 
-    def _enforce_cap(self, incoming_bytes: int, now_ns: int, acked_through: int, sent_through: int) -> tuple[int, int]:
+    def _room_bytes(self) -> int:
+        """What the spool may still fill: free pages in the file, and the disk's free space less the margin."""
+        free_pages = int(self._db.execute("PRAGMA freelist_count").fetchone()[0])
+        return free_pages * self._page_bytes + free_disk_bytes(self.directory) - DISK_MARGIN_BYTES
+
+    def _enforce_cap(
+        self, incoming_bytes: int, now_ns: int, acked_through: int, sent_through: int, free_bytes: int = 0
+    ) -> tuple[int, int]:
         """Make room (inside the caller's transaction); returns the (samples, batches) dropped.
 
         Victims, oldest first: acknowledged rows (free, not drops), then rows that were not sent yet;
         rows in flight are left alone (an acknowledgement removes them soon, or they are sent again).
+        ``free_bytes``: also drop until that many payload bytes are gone (a full disk).
         """
         dropped_samples = dropped_batches = 0
+        goal_bytes = self._bytes - free_bytes
         oldest_allowed_ns = now_ns - int(self.max_age_s * 1e9) if self.max_age_s > 0 else None
         floor = max(sent_through, acked_through)
         while self._batches:
@@ -254,7 +377,7 @@ class Spool:
             ).fetchone()
             if row is None:
                 break
-            too_big = self._bytes + incoming_bytes > self.max_bytes
+            too_big = self._bytes + incoming_bytes > self.max_bytes or self._bytes > goal_bytes
             too_old = oldest_allowed_ns is not None and row[1] < oldest_allowed_ns
             acknowledged = row[0] <= acked_through
             if not (too_big or too_old or acknowledged):
@@ -287,7 +410,7 @@ class Spool:
             db.execute("DELETE FROM batches WHERE seq <= ?", (seq,))
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            self._rollback()
             raise
         self._batches -= int(row[0])
         self._samples -= int(row[1])
@@ -327,6 +450,54 @@ class Spool:
         return self._batches
 
 
+class Unspooled:
+    """Batches that wait in memory while the spool cannot take them (its disk is full), oldest first.
+
+    At most ``max_bytes`` of serialized batches are held (the newest batch always is): beyond that
+    the oldest are dropped, and :attr:`dropped` keeps their count until the spool records it with
+    the next batch it takes.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._batches: collections.deque[tuple[telemetry_pb2.SampleBatch, int, int]] = collections.deque()
+        self.samples = 0
+        self.bytes = 0
+        self.dropped: tuple[int, int] = (0, 0)  # (samples, batches) not yet recorded by the spool
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def append(self, batch: telemetry_pb2.SampleBatch, samples: int) -> None:
+        size = batch.ByteSize()
+        self._batches.append((batch, samples, size))
+        self.samples += samples
+        self.bytes += size
+
+    def oldest(self) -> tuple[telemetry_pb2.SampleBatch, int]:
+        batch, samples, _ = self._batches[0]
+        return batch, samples
+
+    def spooled(self) -> None:
+        """The oldest batch is in the spool now, and with it the count of what was dropped here."""
+        _, samples, size = self._batches.popleft()
+        self.samples -= samples
+        self.bytes -= size
+        self.dropped = (0, 0)
+
+    def bound(self) -> tuple[int, int]:
+        """Drops the oldest batches beyond ``max_bytes`` (never the newest); (samples, batches) dropped."""
+        dropped_samples = dropped_batches = 0
+        while len(self._batches) > 1 and self.bytes > self.max_bytes:
+            _, samples, size = self._batches.popleft()
+            self.samples -= samples
+            self.bytes -= size
+            dropped_samples += samples
+            dropped_batches += 1
+        self.dropped = (self.dropped[0] + dropped_samples, self.dropped[1] + dropped_batches)
+        return dropped_samples, dropped_batches
+
+
 class AsyncSpool:
     """The spool for the event loop: every call runs in one dedicated thread, in order."""
 
@@ -338,9 +509,15 @@ class AsyncSpool:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def append(
-        self, batch: telemetry_pb2.SampleBatch, samples: int, protect: Callable[[], tuple[int, int]] | None = None
+        self,
+        batch: telemetry_pb2.SampleBatch,
+        samples: int,
+        protect: Callable[[], tuple[int, int]] | None = None,
+        dropped_elsewhere: tuple[int, int] = (0, 0),
     ) -> Appended:
-        return await self._run(lambda: self.spool.append(batch, samples, protect=protect))
+        return await self._run(
+            lambda: self.spool.append(batch, samples, protect=protect, dropped_elsewhere=dropped_elsewhere)
+        )
 
     async def read_after(self, seq: int, limit: int) -> list[Stored]:
         return await self._run(lambda: self.spool.read_after(seq, limit))

@@ -12,7 +12,9 @@ One session is one bidirectional stream to one collector::
 When a session ends for any reason the uplink opens a new one, after a pause: the next address at
 once while there are addresses that have not failed in this round, then exponential backoff with
 jitter (``reconnect_min_s`` doubling up to ``reconnect_max_s``, each pause drawn uniformly from its
-upper half); a refused credential (UNAUTHENTICATED, PERMISSION_DENIED) waits ``auth_retry_s``.
+upper half). A refusal that will not go away by itself waits ``auth_retry_s`` and is logged as an
+error: refused credentials (UNAUTHENTICATED, PERMISSION_DENIED) and a refused identity or stream
+(INVALID_ARGUMENT, FAILED_PRECONDITION: the agent would be refused again at once, in a tight loop).
 Nothing is ever dropped because of a stream error: batches stay in the spool and are replayed,
 from the oldest unacknowledged one, on the next stream.
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
+import sqlite3
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -42,10 +44,12 @@ from typing import Any
 
 import grpc
 import grpc.aio
+
 from gpuprobe.agent.metrics import Counters
 from gpuprobe.agent.settings import UplinkSettings
 from gpuprobe.agent.spool import AsyncSpool, SpoolState, Stored
-
+from gpuprobe.backoff import Backoff
+from gpuprobe.errors import ProtocolError
 from gpuprobe.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,10 @@ DELETE_EVERY_BATCHES = 8
 DELETE_EVERY_S = 5.0
 MiB = 2**20
 AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+REFUSED_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+# What grpc.aio reports when a write fails because the stream ended under it: the client library
+# makes this status up itself and the collector's own status is lost (grpc.aio._call, _write).
+WRITE_RACED_END = "Internal error from Core"
 
 
 def _varint(n: int) -> bytes:
@@ -78,7 +86,7 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-class SessionError(Exception):
+class SessionError(ProtocolError):
     """Ends one session; ``code`` is the gRPC status where there is one."""
 
     def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
@@ -174,7 +182,14 @@ class Uplink:
             return
         if force or pending >= DELETE_EVERY_BATCHES or time.monotonic() - self._last_delete >= DELETE_EVERY_S:
             through = self.acked_through
-            await self._spool.delete_through(through)
+            try:
+                await self._spool.delete_through(through)
+            except sqlite3.Error as e:
+                # a full disk can refuse even a delete: the rows stay acknowledged here (never sent
+                # again) and are the first the spool drops for room; the next ack tries again
+                self._last_delete = time.monotonic()
+                log.warning("could not delete acknowledged batches from the spool (%s); trying again later", e)
+                return
             self._deleted_through = through
             self._last_delete = time.monotonic()
             spool = self._spool.spool
@@ -222,7 +237,7 @@ class Uplink:
     async def _run(self) -> None:
         targets = self.settings.targets
         failures_in_round = 0
-        rounds_failed = 0
+        backoff = Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s)
         while not self._stopping:
             target = targets[self.target_index % len(targets)]
             if self._sessions:
@@ -247,19 +262,18 @@ class Uplink:
             if self._stopping:
                 break
             if session.welcomed:
-                failures_in_round = rounds_failed = 0
+                failures_in_round = 0
+                backoff.reset()
             state = self._unacked(await self._spool.state())
             failures_in_round += 1
             self.target_index += 1
-            if error is not None and error.code in AUTH_CODES:
+            if error is not None and error.code in AUTH_CODES + REFUSED_CODES:
                 delay = self.settings.auth_retry_s
             elif failures_in_round < len(targets):
                 delay = 0.05  # the next address at once
             else:
                 failures_in_round = 0
-                rounds_failed += 1
-                ceiling = min(self.settings.reconnect_max_s, self.settings.reconnect_min_s * 2 ** (rounds_failed - 1))
-                delay = random.uniform(ceiling / 2, ceiling)
+                delay = backoff.next_delay_s()
             self._log_end(session, error, delay, state)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -283,13 +297,17 @@ class Uplink:
         if error is None:
             log.warning("collector %s ended the stream; %s; reconnecting in %.1f s", session.target, spooled, delay)
             return
-        if error.code in AUTH_CODES:
+        if error.code in AUTH_CODES + REFUSED_CODES:
             log.error(
-                "collector %s refused the agent's credentials (%s: %s): check the token (--token / --token-file)"
-                " and the client certificate (--tls-cert / --tls-key); %s; retrying in %.0f s",
+                "collector %s refused the agent%s (%s: %s): %s; %s; retrying in %.0f s",
                 session.target,
+                "'s credentials" if error.code in AUTH_CODES else "",
                 error.code.name if error.code else "",
                 error,
+                "check the token (--token / --token-file) and the client certificate (--tls-cert / --tls-key)"
+                if error.code in AUTH_CODES
+                else "it will refuse it again until the agent's configuration (identity labels: --host,"
+                " --agent-id, --cluster, ...) or the agent's version changes",
                 spooled,
                 delay,
             )
@@ -519,6 +537,11 @@ class Uplink:
 async def _ended(call: Any, error: BaseException) -> SessionError:
     """The session's error: the RPC's status where it has one (a write after the end raises without it)."""
     if isinstance(error, grpc.aio.AioRpcError):
+        if error.code() == grpc.StatusCode.INTERNAL and error.details() == WRITE_RACED_END:
+            return SessionError(
+                "the collector ended the stream while a batch was being written (its reason is lost: gRPC"
+                f" reports INTERNAL: {WRITE_RACED_END})"
+            )
         return SessionError(error.details() or error.code().name, error.code())
     with contextlib.suppress(Exception):
         if call.done():

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from gpuprobe import __version__
+from gpuprobe.backoff import Backoff
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 METHOD = "/gpuprobe.v1.TelemetryService/Stream"
@@ -140,6 +141,12 @@ class SampleFactory:
         return batch
 
 
+# What grpc.aio reports when a write fails because the stream ended under it: the client library
+# makes this status up itself (it replaces the collector's, which is lost), see
+# grpc.aio._call._StreamRequestMixin._write; the agent's uplink knows it by the same text.
+WRITE_RACED_END = "Internal error from Core"
+
+
 @dataclass
 class StreamEvent:
     """An error that ended one stream: what the agent would log."""
@@ -147,6 +154,12 @@ class StreamEvent:
     code: grpc.StatusCode
     details: str
     at_s: float
+
+    @property
+    def from_client_library(self) -> bool:
+        """The status was made up by the client's gRPC library (a write raced the end of the
+        stream), not sent by the collector."""
+        return self.code == grpc.StatusCode.INTERNAL and self.details == WRITE_RACED_END
 
 
 class SyntheticAgent:
@@ -189,6 +202,7 @@ class SyntheticAgent:
         self._changed = asyncio.Event()
         self._closing = False
         self._done = False
+        self._run_error: BaseException | None = None
 
     # --- producing ---------------------------------------------------------------------------------
 
@@ -214,6 +228,11 @@ class SyntheticAgent:
         self._changed.set()
         deadline = time.monotonic() + timeout_s
         while not self._done:
+            if self._run_error is not None:
+                raise RuntimeError(
+                    f"{self.spec.id}: run() ended before everything was acked ({len(self.spool)} batches"
+                    f" unacked): {type(self._run_error).__name__}: {self._run_error}"
+                ) from self._run_error
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.spec.id}: {len(self.spool)} batches still unacked after {timeout_s} s")
             await asyncio.sleep(0.02)
@@ -228,20 +247,31 @@ class SyntheticAgent:
     # --- the connection loop ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Streams until :meth:`close` finished; reconnects after every error."""
-        attempt = 0
-        while True:
-            try:
-                finished = await self._session()
-            except grpc.aio.AioRpcError as exc:
-                self.errors.append(StreamEvent(exc.code(), exc.details() or "", time.monotonic()))
-                finished = False
-            if finished:
-                self._done = True
-                return
-            delay = min(self.reconnect_max_s, self.reconnect_initial_s * 2**attempt)
-            attempt = min(attempt + 1, 20)
-            await asyncio.sleep(random.uniform(delay / 2, delay))
+        """Streams until :meth:`close` finished; reconnects after every error.
+
+        Any exception of a session, expected (the RPC's status) or not (a bug, a write into an RPC
+        that ended), is recorded in :attr:`errors` and followed by a reconnect, as the agent does.
+        """
+        backoff = Backoff(self.reconnect_initial_s, self.reconnect_max_s)
+        try:
+            while True:
+                try:
+                    finished = await self._session()
+                except grpc.aio.AioRpcError as exc:
+                    self.errors.append(StreamEvent(exc.code(), exc.details() or "", time.monotonic()))
+                    finished = False
+                except Exception as exc:
+                    self.errors.append(
+                        StreamEvent(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}", time.monotonic())
+                    )
+                    finished = False
+                if finished:
+                    self._done = True
+                    return
+                await backoff.wait()
+        except BaseException as exc:
+            self._run_error = exc  # close() reports it instead of waiting for acks that cannot come
+            raise
 
     def _channel(self) -> grpc.aio.Channel:
         if self.credentials is None:
@@ -269,14 +299,14 @@ class SyntheticAgent:
             self.streams += 1
             reader = asyncio.create_task(self._read(call))
             try:
-                await call.write(self.hello())
+                await self._write(call, self.hello())
                 sent = 0
                 while True:
                     if reader.done():
                         break
                     in_flight, following = self._window_state(sent)
                     if following is not None and in_flight < self.window:
-                        await call.write(self.spool[following])
+                        await self._write(call, self.spool[following])
                         sent = following
                         continue
                     if self._closing and not self.spool:
@@ -295,8 +325,26 @@ class SyntheticAgent:
             finally:
                 if not reader.done():
                     reader.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                        await reader
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await reader  # (also retrieves its error when the session ended on a write)
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, request: bytes) -> None:
+        """Writes one request; a failed write ends the session with the RPC's own status.
+
+        A write after the RPC received its final status does not raise ``AioRpcError`` (grpcio 1.85
+        raises ``asyncio.InvalidStateError``), so the status is read from the call, as the agent's
+        uplink does.
+        """
+        try:
+            await call.write(request)
+        except grpc.aio.AioRpcError:
+            raise
+        except Exception as exc:
+            if not call.done():
+                raise
+            raise grpc.aio.AioRpcError(
+                await call.code(), await call.initial_metadata(), await call.trailing_metadata(), await call.details()
+            ) from exc
 
     def _window_state(self, sent: int) -> tuple[int, int | None]:
         """How many sent batches are unacked, and the next batch to send (None: all sent)."""

@@ -58,7 +58,7 @@ class Metrics:
         )
         self.clock_skew_warnings = Counter(
             "gpuprobe_collector_clock_skew_warnings",
-            "Agents whose Hello clock differed from the collector's by more than --max-clock-skew-s",
+            "Agents whose Hello clock differed from the collector's by more than --max-clock-skew",
             registry=r,
         )
         self.wal_queued_lines = Gauge(
@@ -69,6 +69,16 @@ class Metrics:
         )
         self.wal_queued_batches = Gauge(
             "gpuprobe_collector_wal_queued_batches", "Agent batches in the WAL waiting for InfluxDB", registry=r
+        )
+        self.wal_up = Gauge(
+            "gpuprobe_collector_wal_up",
+            "1 while WAL commits succeed, 0 while they fail and are retried (disk full, I/O error) or failed for good",
+            registry=r,
+        )
+        self.wal_failed_commits = Gauge(
+            "gpuprobe_collector_wal_failed_commits",
+            "WAL commits that failed since the collector started (each is retried until it succeeds)",
+            registry=r,
         )
         self.wal_commit_seconds = Histogram(
             "gpuprobe_collector_wal_commit_seconds",
@@ -118,10 +128,19 @@ class Metrics:
 
     # --- hooks -------------------------------------------------------------------------------------
 
-    def watch_wal(self, lines: Callable[[], float], nbytes: Callable[[], float], batches: Callable[[], float]) -> None:
+    def watch_wal(
+        self,
+        lines: Callable[[], float],
+        nbytes: Callable[[], float],
+        batches: Callable[[], float],
+        up: Callable[[], float],
+        failed_commits: Callable[[], float],
+    ) -> None:
         self.wal_queued_lines.set_function(lines)
         self.wal_queued_bytes.set_function(nbytes)
         self.wal_queued_batches.set_function(batches)
+        self.wal_up.set_function(up)
+        self.wal_failed_commits.set_function(failed_commits)
 
     def written(self, lines: int) -> None:
         self.written_lines.inc(lines)

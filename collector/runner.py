@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 import grpc
+
 from gpuprobe.collector.auth import Authenticator, TokenStore, server_credentials
-from gpuprobe.collector.config import CollectorConfig, parse_address
 from gpuprobe.collector.metrics import Metrics
 from gpuprobe.collector.server import TelemetryService, server_options
+from gpuprobe.collector.settings import CollectorSettings, parse_address
 from gpuprobe.collector.sink import Backend, Sink, V1Backend, V2Backend
 from gpuprobe.collector.wal import WriteAheadLog, merge_orphans, wal_path
-
 from gpuprobe.systemd import Notifier, watchdog_interval_s
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 _READY_TIMEOUT_S = 120.0
 
 
-def make_backend(config: CollectorConfig) -> Backend:
+def make_backend(config: CollectorSettings) -> Backend:
     influx = config.influx
     connections = config.sink.concurrency + 1
     if influx.api == "v2":
@@ -70,7 +70,7 @@ def make_backend(config: CollectorConfig) -> Backend:
 class Collector:
     """One collector process's parts, started and stopped together (also used in-process by tests)."""
 
-    def __init__(self, config: CollectorConfig, *, worker: int = 0, backend: Backend | None = None) -> None:
+    def __init__(self, config: CollectorSettings, *, worker: int = 0, backend: Backend | None = None) -> None:
         config.check()
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
         self.config = config
@@ -83,7 +83,17 @@ class Collector:
             quarantine_max_lines=config.quarantine_max_lines,
         )
         self.wal.on_commit_seconds = self.metrics.wal_commit_seconds.observe
-        self.metrics.watch_wal(lambda: self.wal.depth_lines, lambda: self.wal.depth_bytes, lambda: self.wal.depth_rows)
+        wal = self.wal
+        self.metrics.watch_wal(
+            lambda: wal.depth_lines,
+            lambda: wal.depth_bytes,
+            lambda: wal.depth_rows,
+            lambda: 1.0 if wal.healthy else 0.0,
+            lambda: wal.failed_commits,
+        )
+        # set when the WAL's state changes (failing, writable again, failed for good)
+        self.wal_state_changed = asyncio.Event()
+        wal.on_state_change = self.wal_state_changed.set
         self._backend = backend
         self.sink: Sink | None = None
         self.service: TelemetryService | None = None
@@ -152,7 +162,7 @@ def _version() -> str:
     return __version__
 
 
-async def _serve(config: CollectorConfig, worker: int, notifier: Notifier | None, ready_fd: int | None) -> int:
+async def _serve(config: CollectorSettings, worker: int, notifier: Notifier | None, ready_fd: int | None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -171,29 +181,53 @@ async def _serve(config: CollectorConfig, worker: int, notifier: Notifier | None
         os.write(ready_fd, b"R")
         os.close(ready_fd)
     watchdog = asyncio.create_task(_watchdog(notifier, collector)) if notifier is not None else None
-    await stop.wait()
-    log.info("stopping: ending agent streams, keeping %d queued lines in the WAL", collector.wal.depth_lines)
+    fatal = asyncio.create_task(_wal_failed_for_good(collector))
+    await asyncio.wait({asyncio.create_task(stop.wait()), fatal}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if fatal.done():
+        code = 1
+        log.critical(
+            "exiting with status 1 so that systemd restarts the collector: %s (the batches it acked are in"
+            " the WAL file, if it can be read; the rest are still in the agents' spools)",
+            collector.wal.fatal,
+        )
+    else:
+        fatal.cancel()
+        log.info("stopping: ending agent streams, keeping %d queued lines in the WAL", collector.wal.depth_lines)
     if notifier is not None:
         notifier.stopping()
     if watchdog is not None:
         watchdog.cancel()
     await collector.stop()
-    return 0
+    return code
+
+
+async def _wal_failed_for_good(collector: Collector) -> None:
+    """Returns once the WAL cannot be reopened: the one WAL failure a restart may mend."""
+    while collector.wal.fatal is None:
+        collector.wal_state_changed.clear()
+        await collector.wal_state_changed.wait()
+
+
+def status_line(collector: Collector) -> str:
+    """``systemctl status``'s STATUS= line: what an operator checks first."""
+    wal = collector.wal
+    influx = "up" if collector.sink is not None and collector.sink.up else "DOWN"
+    return f"serving on port {collector.port}; WAL {wal.state()}, {wal.depth_lines} lines queued; InfluxDB {influx}"
 
 
 async def _watchdog(notifier: Notifier, collector: Collector) -> None:
     interval = watchdog_interval_s()
-    while True:
-        if collector.wal.healthy:
-            notifier.watchdog()
-            notifier.status(
-                f"serving on port {collector.port}; WAL {collector.wal.depth_lines} lines queued; "
-                f"InfluxDB {'up' if collector.sink is not None and collector.sink.up else 'DOWN'}"
-            )
-        await asyncio.sleep(interval if interval is not None else 10.0)
+    # a WAL that fails and is being retried is alive: a restart would not free the disk
+    while collector.wal.alive:
+        notifier.watchdog()
+        notifier.status(status_line(collector))
+        collector.wal_state_changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(collector.wal_state_changed.wait(), interval if interval is not None else 10.0)
 
 
-def run(config: CollectorConfig) -> int:
+def run(config: CollectorSettings) -> int:
     """``gpuprobe collector``: serve until SIGTERM or SIGINT; returns the exit code."""
     config.check()
     if config.workers == 1:
@@ -201,7 +235,7 @@ def run(config: CollectorConfig) -> int:
     return _run_workers(config)
 
 
-def _run_workers(config: CollectorConfig) -> int:
+def _run_workers(config: CollectorSettings) -> int:
     merge_orphans(Path(config.wal_dir), config.workers)
     notifier = Notifier()
     children: dict[int, int] = {}  # pid -> worker

@@ -27,14 +27,14 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
-from gpuprobe.collector.auth import Authenticator
-from gpuprobe.collector.config import CollectorConfig
-from gpuprobe.collector.encode import StreamEncoder
-from gpuprobe.collector.metrics import Metrics
-from gpuprobe.collector.validate import NS_PER_S, REASON_LABELS, Identity, StreamError, check_hello
-from gpuprobe.collector.wal import WalError, WriteAheadLog
 
 from gpuprobe import __version__
+from gpuprobe.collector.auth import Authenticator
+from gpuprobe.collector.encode import StreamEncoder
+from gpuprobe.collector.metrics import Metrics
+from gpuprobe.collector.settings import CollectorSettings
+from gpuprobe.collector.validate import NS_PER_S, REASON_LABELS, Identity, StreamError, check_hello
+from gpuprobe.collector.wal import WalError, WriteAheadLog
 from gpuprobe.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class TelemetryService:
     """The servicer: one instance per collector process."""
 
     def __init__(
-        self, config: CollectorConfig, wal: WriteAheadLog, metrics: Metrics, authenticator: Authenticator
+        self, config: CollectorSettings, wal: WriteAheadLog, metrics: Metrics, authenticator: Authenticator
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -166,7 +166,7 @@ class TelemetryService:
                     return
                 if isinstance(item, StreamError):
                     raise item
-                await self._durable(item)
+                await self._durable(item, reader)
                 window.release()
                 seq, rejections = item.seq, list(item.rejections)
                 while not queue.empty():  # coalesce what is durable already into the same ack
@@ -176,7 +176,7 @@ class TelemetryService:
                     ):
                         held = following
                         break
-                    await self._durable(following)
+                    await self._durable(following, reader)
                     window.release()
                     seq = following.seq
                     rejections.extend(following.rejections)
@@ -189,9 +189,15 @@ class TelemetryService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
 
-    async def _durable(self, item: _Pending) -> None:
+    async def _durable(self, item: _Pending, reader: asyncio.Task[StreamError | None]) -> None:
+        """Waits until the batch is committed; a reader that fails meanwhile ends the stream at once
+        (the batch is not acked and comes again), so a WAL that cannot commit holds no agent."""
         if item.future is None:
             return
+        if not item.future.done():
+            await asyncio.wait((item.future, reader), return_when=asyncio.FIRST_COMPLETED)
+            if not item.future.done() and (failure := reader.result()) is not None:
+                raise failure
         try:
             await item.future
         except WalError as exc:
@@ -204,7 +210,8 @@ class TelemetryService:
         spool_id: str,
         queue: asyncio.Queue[_Pending | _End | StreamError],
         window: asyncio.Semaphore,
-    ) -> None:
+    ) -> StreamError | None:
+        """Reads, checks and encodes the batches into the WAL; returns the error that ended the stream."""
         last_seq = 0
         try:
             async for raw in incoming:
@@ -234,7 +241,11 @@ class TelemetryService:
                     queue.put_nowait(_Pending(batch.seq, None, []))
                     continue
                 if not self.wal.healthy:
-                    raise StreamError(grpc.StatusCode.UNAVAILABLE, "the collector's WAL failed; try another collector")
+                    raise StreamError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"the collector cannot store batches now, its WAL is {self.wal.state()}; "
+                        "keep them spooled and retry, or try another collector",
+                    )
                 if self.wal.full:
                     raise StreamError(
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -245,15 +256,21 @@ class TelemetryService:
                 future = asyncio.ensure_future(
                     self.wal.append(identity.agent_id, spool_id, batch.seq, encoded.lines, encoded.line_count)
                 )
+                # the stream may end before the commit does: its outcome is then nobody's business
+                future.add_done_callback(_ignore_outcome)
                 queue.put_nowait(_Pending(batch.seq, future, encoded.problems.rejections()))
             queue.put_nowait(_End())
+            return None
         except StreamError as error:
             queue.put_nowait(error)
+            return error
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug must end this stream only
             log.exception("stream of agent %s failed", identity.agent_id)
-            queue.put_nowait(StreamError(grpc.StatusCode.INTERNAL, f"collector error: {type(exc).__name__}: {exc}"))
+            bug = StreamError(grpc.StatusCode.INTERNAL, f"collector error: {type(exc).__name__}: {exc}")
+            queue.put_nowait(bug)
+            return bug
 
     def _encoder(self, identity: Identity) -> StreamEncoder:
         encoder = self._encoders.get(identity)
@@ -276,6 +293,11 @@ class TelemetryService:
             self.metrics.timestamps_flagged.inc(problems.flagged_timestamps)
 
 
+def _ignore_outcome(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: no "exception was never retrieved" noise
+
+
 def _parse(raw: bytes) -> telemetry_pb2.StreamRequest:
     try:
         return telemetry_pb2.StreamRequest.FromString(raw)
@@ -285,7 +307,7 @@ def _parse(raw: bytes) -> telemetry_pb2.StreamRequest:
         ) from None
 
 
-def server_options(config: CollectorConfig) -> list[tuple[str, Any]]:
+def server_options(config: CollectorSettings) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", config.limits.max_message_bytes),
         ("grpc.max_send_message_length", 4 * 1024 * 1024),

@@ -35,6 +35,12 @@ Invariants
    the agent's timestamp and full tag set, so InfluxDB overwrites it with itself.
 4. All writes go through one writer thread and one connection; the sink reads through a second
    connection (WAL mode lets it read while the writer commits).
+5. A commit that fails (disk full, I/O error) is retried by the writer thread with capped backoff
+   until it succeeds: the batches of the failed group are neither acked nor refused meanwhile, and
+   deletes of delivered rows queued meanwhile are committed first (they make room). While it fails,
+   :attr:`WriteAheadLog.failure` says why and the server refuses new batches with ``UNAVAILABLE``.
+   Only an error other than a full disk that outlives closing and reopening the database is fatal
+   (:attr:`WriteAheadLog.fatal`): the collector then exits non-zero for systemd to restart it.
 """
 
 from __future__ import annotations
@@ -54,7 +60,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuprobe.backoff import Backoff
 from gpuprobe.collector.compression import gunzip_bytes, gzip_bytes
+from gpuprobe.errors import ServiceError
+from gpuprobe.fulldisk import DISK_FULL, failure_cause, truncate_wal_file
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,10 @@ FORMAT_VERSION = "1"
 _MAX_GROUP_OPS = 1024
 _MAX_GROUP_BYTES = 64 * 1024 * 1024
 _VACUUM_PAGES = 4096
+_RETRY_INITIAL_S = 0.2
+_RETRY_MAX_S = 5.0
+_REOPEN_AFTER_FAILURES = 3  # consecutive failures (not a full disk) before the database is reopened
+_FAILURE_LOG_INTERVAL_S = 60.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -99,8 +112,25 @@ ON CONFLICT(agent_id) DO UPDATE SET
 """
 
 
-class WalError(RuntimeError):
+class WalError(ServiceError, RuntimeError):
     """The WAL cannot be opened or written (disk full, I/O error, another process holds it)."""
+
+
+@dataclass
+class WalFailure:
+    """Why the WAL's commits fail right now (set by the writer thread, read by the event loop)."""
+
+    cause: str  # "disk full", "I/O error", "read-only", "corrupt", "error"
+    message: str  # SQLite's or the OS's own words
+    since_monotonic: float
+    failed_commits: int = 1
+
+    @property
+    def disk_full(self) -> bool:
+        return self.cause == DISK_FULL
+
+    def describe(self) -> str:
+        return f"{self.cause}: {self.message}; failing for {time.monotonic() - self.since_monotonic:.0f} s"
 
 
 @dataclass(frozen=True)
@@ -165,8 +195,13 @@ class WriteAheadLog:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: list[Callable[[], None]] = []
-        self._failed: BaseException | None = None
+        self._closing = threading.Event()
+        self.failure: WalFailure | None = None  # commits fail now and are being retried
+        self.fatal: WalError | None = None  # the database could not be reopened: the writer stopped
+        self.failed_commits = 0  # over the WAL's life, for the metrics
+        self._last_failure_log = 0.0
         self.on_commit_seconds: Callable[[float], None] | None = None
+        self.on_state_change: Callable[[], None] | None = None  # runs in the event loop
 
     # --- life cycle -----------------------------------------------------------------------------
 
@@ -181,6 +216,7 @@ class WriteAheadLog:
     def close(self) -> None:
         """Stops the writer after what is queued, closes both connections and releases the lock."""
         if self._thread is not None:
+            self._closing.set()  # cuts a retry pause short
             self._ops.put(None)
             self._thread.join()
             self._thread = None
@@ -196,7 +232,22 @@ class WriteAheadLog:
 
     @property
     def healthy(self) -> bool:
-        return self._failed is None and (self._thread is None or self._thread.is_alive())
+        """Commits succeed: new batches are accepted."""
+        return self.failure is None and self.alive
+
+    @property
+    def alive(self) -> bool:
+        """The writer works (it may be retrying a failed commit): systemd's watchdog is pinged."""
+        return self.fatal is None and (self._thread is None or self._thread.is_alive())
+
+    def state(self) -> str:
+        """One phrase for logs and ``systemctl status``."""
+        if self.fatal is not None:
+            return f"FAILED ({self.fatal})"
+        failure = self.failure
+        if failure is not None:
+            return f"NOT WRITABLE ({failure.describe()}; retrying)"
+        return "ok"
 
     @property
     def full(self) -> bool:
@@ -257,8 +308,8 @@ class WriteAheadLog:
     # --- the writer thread ----------------------------------------------------------------------
 
     async def _submit(self, kind: str, args: Any, nbytes: int) -> None:
-        if self._failed is not None:
-            raise WalError(f"the WAL {self.path} failed earlier: {self._failed}")
+        if self.fatal is not None:
+            raise self.fatal
         if self._thread is None:
             raise WalError("the WAL is not started")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -283,11 +334,122 @@ class WriteAheadLog:
                     break
                 group.append(op)
                 size += op.nbytes
-            self._commit(group)
-            if stop:
+            if not self._commit_until_done(group) or stop:
                 return
 
-    def _commit(self, group: list[_Op]) -> None:
+    def _commit_until_done(self, group: list[_Op]) -> bool:
+        """Commits ``group``, retrying with backoff while it fails; False when the writer must stop
+        (the log is closing, or failed for good: the group's futures then carry the error)."""
+        error = self._commit(group)
+        if error is None:
+            return True
+        backoff = Backoff(_RETRY_INITIAL_S, _RETRY_MAX_S)
+        stop = False
+        while error is not None:
+            failure = self._failed_commit(error)
+            # a full disk frees up by itself; other errors may need a fresh connection
+            reopen = not failure.disk_full and failure.failed_commits % _REOPEN_AFTER_FAILURES == 0
+            if reopen and not self._reopen():
+                self._fail_for_good(group)
+                return False
+            if stop or backoff.wait_blocking(self._closing):
+                self._resolve_soon(group, WalError(f"the collector stopped while the WAL failed ({error})"), False)
+                return False
+            stop = self._take_queued(group)
+            if failure.disk_full:
+                truncate_wal_file(self._db)
+            # deletes of delivered rows first, on their own: they free pages for the batches
+            settles = [op for op in group if op.kind == "settle"]
+            if settles and len(settles) < len(group) and self._commit(settles) is None:
+                group = [op for op in group if op.kind != "settle"]
+            error = self._commit(group)
+        recovered = self.failure
+        if recovered is not None:
+            self.failure = None
+            log.warning(
+                "WAL %s is writable again after %.1f s and %d failed commits: batches are acked again",
+                self.path,
+                time.monotonic() - recovered.since_monotonic,
+                recovered.failed_commits,
+            )
+            self._state_changed()
+        return not stop
+
+    def _take_queued(self, group: list[_Op]) -> bool:
+        """Moves what was queued meanwhile into ``group``; True when close() asked the writer to stop."""
+        while True:
+            try:
+                op = self._ops.get_nowait()
+            except queue.Empty:
+                return False
+            if op is None:
+                return True
+            group.append(op)
+
+    def _failed_commit(self, error: BaseException) -> WalFailure:
+        """Records a failed commit (logging the first of a kind, then once a minute)."""
+        self.failed_commits += 1
+        cause = failure_cause(error.__cause__ or error)
+        now = time.monotonic()
+        failure = self.failure
+        if failure is None or failure.cause != cause:
+            self.failure = WalFailure(cause, str(error.__cause__ or error), now)
+            self._last_failure_log = now
+            log.error(
+                "WAL commit failed (%s, %s): %s. Batches are not acknowledged and new ones are refused"
+                " (agents keep them in their spools); retrying every %g s at most%s",
+                self.path,
+                cause,
+                error.__cause__ or error,
+                _RETRY_MAX_S,
+                "; free space on that file system" if cause == DISK_FULL else "",
+            )
+            self._state_changed()
+            return self.failure
+        failure.failed_commits += 1
+        if now - self._last_failure_log >= _FAILURE_LOG_INTERVAL_S:
+            self._last_failure_log = now
+            log.error("WAL %s still not writable: %s", self.path, failure.describe())
+        return failure
+
+    def _reopen(self) -> bool:
+        """Closes and reopens the writer's connection (a transient I/O error may leave it unusable)."""
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+        try:
+            self._db = _connect(self.path)
+            self._synchronous = "FULL"
+            with self._db:  # a write that changes nothing: can this connection write at all?
+                self._db.execute("UPDATE meta SET value = value WHERE key = 'format'")
+        except sqlite3.Error as exc:
+            log.critical("the WAL %s cannot be reopened after failed commits: %s", self.path, exc)
+            self.fatal = WalError(f"the WAL {self.path} cannot be reopened: {exc}")
+            return False
+        log.warning("reopened the WAL %s after %s", self.path, self.failure.describe() if self.failure else "errors")
+        return True
+
+    def _fail_for_good(self, group: list[_Op]) -> None:
+        assert self.fatal is not None
+        self._take_queued(group)
+        self._resolve_soon(group, self.fatal, False)
+        self._state_changed()
+
+    def _state_changed(self) -> None:
+        callback = self.on_state_change
+        loop = self._loop
+        if callback is not None and loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(callback)
+
+    def _resolve_soon(self, group: list[_Op], error: BaseException | None, appended: bool) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._resolve, group, error, appended)
+
+    def _commit(self, group: list[_Op]) -> BaseException | None:
+        """One transaction for ``group``; resolves its futures on success, returns the error otherwise
+        (the futures then stay pending for the retry)."""
         started = time.perf_counter()
         now_ns = time.time_ns()
         # compressed here, in the writer thread, off the event loop
@@ -297,6 +459,8 @@ class WriteAheadLog:
         ]
         settled = [op.args for op in group if op.kind == "settle"]
         error: BaseException | None = None
+        latest: dict[str, tuple[str, int]] = {}
+        quarantined = 0
         try:
             # A commit that stores batches is fsynced before anyone is told (synchronous=FULL). One
             # that only deletes delivered rows need not wait for the disk: if it is lost, the rows are
@@ -307,7 +471,6 @@ class WriteAheadLog:
                     "INSERT INTO pending(agent_id, seq, received_ns, line_count, lines) VALUES (?, ?, ?, ?, ?)",
                     [(agent, seq, now_ns, count, lines) for agent, _, seq, lines, count in appended if count],
                 )
-                latest: dict[str, tuple[str, int]] = {}
                 for agent, spool, seq, _, _ in appended:
                     known = latest.get(agent)
                     if known is None or known[0] != spool or known[1] < seq:
@@ -315,7 +478,6 @@ class WriteAheadLog:
                 self._db.executemany(
                     _UPSERT_AGENT, [(agent, spool, seq, now_ns) for agent, (spool, seq) in latest.items()]
                 )
-                quarantined = 0
                 for rows, refused in settled:
                     self._db.executemany("DELETE FROM pending WHERE id = ?", [(r.id,) for r in rows])
                     self._db.executemany(
@@ -329,9 +491,11 @@ class WriteAheadLog:
                         (self.quarantine_max_lines,),
                     )
         except (sqlite3.Error, OSError) as exc:
-            log.error("WAL commit failed (%s); batches are not acknowledged: %s", self.path, exc)
             error = WalError(f"WAL commit failed: {exc}")
-            self._failed = error
+            error.__cause__ = exc
+            if self._db.in_transaction:  # SQLite may have rolled back by itself already
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.rollback()
         else:
             for agent, (spool, seq) in latest.items():
                 known = self._agents.get(agent)
@@ -351,10 +515,9 @@ class WriteAheadLog:
                 self._vacuum()
         if self.on_commit_seconds is not None:
             self.on_commit_seconds(time.perf_counter() - started)
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(self._resolve, group, error, bool(appended))
+        if error is None:
+            self._resolve_soon(group, None, bool(appended))
+        return error
 
     def _set_synchronous(self, level: str) -> None:
         if level != self._synchronous:

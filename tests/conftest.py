@@ -6,13 +6,16 @@ Tests that kill or restart a server construct their own (``InfluxDBServer(tmp_pa
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer, MosquittoServer
+from gpuprobe.devservices.disks import SmallDisk
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +48,23 @@ def influxdb(influxdb_server: InfluxDBServer, request: pytest.FixtureRequest) ->
 def mqtt_broker(mosquitto_server: MosquittoServer) -> MosquittoServer:
     """The session's Mosquitto broker (started again if an earlier test stopped it)."""
     return mosquitto_server.start()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[str, int], SmallDisk]]:
+    """``small_disk(name, size_bytes)`` mounts a tmpfs under ``tmp_path``; unmounted afterwards.
+
+    Needs root (CI runs as root); elsewhere the test is skipped with that reason.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    disks: list[SmallDisk] = []
+
+    def make(name: str, size_bytes: int) -> SmallDisk:
+        disk = SmallDisk(tmp_path / name, size_bytes)
+        disks.append(disk)
+        return disk
+
+    yield make
+    for disk in disks:
+        disk.unmount()

@@ -202,3 +202,4 @@ class Microphone:
             except Exception:
                 pass
             self._stream = None
+            log.info("microphone %r: capture stopped", self.device)

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from agent_helpers import AgentFactory, Receiver, machine, unique_batches
+
 from gpuprobe.agent.sensors.acoustic import a_weighting_db
 from gpuprobe.agent.sensors.proxy import ProxyParams, chassis_speed_pct, sum_db
+from gpuprobe.control import keys
 from gpuprobe.sim import state
-
 from gpuprobe.v1 import telemetry_pb2
 
 FS_HZ = 48000
@@ -151,3 +152,23 @@ def test_proxy_follows_the_fan_law_on_fan_cooled_gpus_and_the_heat_on_passive_on
     nodes = [s for s in proxy if not s.HasField("gpu_index")]
     assert nodes and all(n.HasField("est_dba") for n in nodes)
     assert nodes[-1].tdp_flag is True
+
+
+def test_an_early_exit_stops_the_microphone_it_had_started(tmp_path: Path, agent_factory: AgentFactory) -> None:
+    env = capture_device(tmp_path, 1000.0)
+    public_key = keys.generate(tmp_path / "keys").public
+    (tmp_path / "not-a-directory").write_text("")
+    agent = agent_factory(
+        None,
+        ["127.0.0.1:1"],
+        "--mic-device", "default", "--mic-calibration-db", f"{CALIBRATION_DB:.6f}",
+        "--broker", "mqtt://127.0.0.1:1", "--trusted-keys", str(public_key),
+        "--control-dir", str(tmp_path / "not-a-directory" / "control"),  # the control plane cannot start
+        env=env,
+    )  # fmt: skip
+    assert agent.proc is not None and agent.proc.wait(60) == 1
+    log = agent.log()
+    started = log.index("microphone: 'default' at 48000 Hz")
+    failed = log.index("control directory")
+    stopped = log.index("microphone 'default': capture stopped")
+    assert started < failed < stopped, log

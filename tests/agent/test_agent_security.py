@@ -4,14 +4,26 @@ refused with a clear log line while the agent keeps its spool."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from agent_helpers import AgentFactory, Receiver, assert_no_loss_no_duplicates, machine, unique_batches, wait_until
+from agent_helpers import (
+    AgentFactory,
+    Receiver,
+    assert_no_loss_no_duplicates,
+    clean_env,
+    gpuprobe_command,
+    machine,
+    unique_batches,
+    wait_until,
+)
 
 from gpuprobe.devservices.certs import Pki, make_pki
+from gpuprobe.devservices.ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +117,67 @@ def test_bad_credentials_are_refused_logged_and_the_spool_is_kept(
     assert receiver.batches() == [], "nothing was accepted"
     assert spooled_batches(tmp_path / "spool") >= 2, "the samples stay spooled"
     assert "stay in the spool for the next start" in agent.log()
+
+
+def test_an_identity_influxdb_cannot_store_is_refused_at_start_with_the_collectors_message(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*gpuprobe_command(), "agent", "--collector", "127.0.0.1:1", "--host", 'n"q\\', "--spool", str(tmp_path / "s")],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Hello.identity.agent_id 'n\"q\\\\' ends with a backslash" in result.stderr
+    assert "the collector would refuse this agent's stream" in result.stderr
+    assert not (tmp_path / "s").exists()  # refused before anything was opened
+
+
+def test_a_collector_that_refuses_the_identity_is_retried_slowly_with_an_error(
+    tmp_path: Path, agent_factory: AgentFactory
+) -> None:
+    port = free_port()
+    metrics_port = free_port()
+    with (tmp_path / "collector.log").open("wb") as log:
+        collector = subprocess.Popen(
+            [
+                *gpuprobe_command(),
+                "collector",
+                "--insecure",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--max-tag-bytes",
+                "4",  # stricter than the agent's own check: "node-1" is too long here
+                "--influx-url",
+                f"http://127.0.0.1:{free_port()}",
+                "--influx-db",
+                "unused",
+                "--wal",
+                str(tmp_path / "wal"),
+                "--metrics-listen",
+                f"127.0.0.1:{metrics_port}",
+            ],
+            env=clean_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        sim = machine(tmp_path / "sim", ["L4"])
+        agent = agent_factory(sim, [f"127.0.0.1:{port}"], "--auth-retry", "30")
+        agent.wait_for_log(r"ERROR .*collector 127\.0\.0\.1:\d+ refused the agent \(INVALID_ARGUMENT: ", timeout=30)
+        time.sleep(4.0)  # with the ordinary backoff (0.2..1 s) this would be several more attempts
+
+        def refused_streams() -> float:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+            return sum(
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith('gpuprobe_collector_streams_ended_total{code="INVALID_ARGUMENT"}')
+            )
+
+        assert refused_streams() == 1
+        assert "retrying in 30 s" in agent.log()
+        assert agent.running()  # it samples and spools meanwhile
+    finally:
+        collector.terminate()
+        collector.wait(20)

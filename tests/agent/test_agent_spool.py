@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from agent_helpers import AgentFactory, Receiver, assert_no_loss_no_duplicates, machine, unique_batches, wait_until
+from agent_helpers import (
+    AgentFactory,
+    Receiver,
+    assert_no_loss_no_duplicates,
+    clean_env,
+    gpuprobe_command,
+    machine,
+    unique_batches,
+    wait_until,
+)
+
 from gpuprobe.agent.metrics import Counters
 from gpuprobe.agent.settings import UplinkSettings
-from gpuprobe.agent.spool import AsyncSpool, Spool, SpoolError
+from gpuprobe.agent.spool import AsyncSpool, Spool, SpoolDiskFull, SpoolError
 from gpuprobe.agent.uplink import Uplink, _Session
-
+from gpuprobe.devservices import InfluxDBDatabase
+from gpuprobe.devservices.disks import SmallDisk
+from gpuprobe.devservices.ports import free_port
 from gpuprobe.v1 import telemetry_pb2
 
 
@@ -103,6 +116,47 @@ def test_the_newest_batch_is_kept_even_when_it_alone_exceeds_the_cap(tmp_path: P
     assert [s.seq for s in spool.read_after(0, 10)] == [2]
 
 
+def test_a_full_disk_drops_the_oldest_batches_counted_and_keeps_the_newest(
+    small_disk: Callable[[str, int], SmallDisk],
+) -> None:
+    disk = small_disk("spool", 384 * 1024)
+    spool = Spool(disk.path)  # the size cap (512 MiB) is far beyond the disk
+    appended = [spool.append(batch(200), 200) for _ in range(150)]  # ~2.5 MB into 384 KiB
+    full = [a for a in appended if a.disk_full]
+    assert full, "the disk never filled"
+    dropped_samples = sum(a.dropped_samples for a in appended)
+    dropped_batches = sum(a.dropped_batches for a in appended)
+    assert dropped_batches > 0 and dropped_samples == 200 * dropped_batches
+    # the oldest went, the newest stayed, nothing in between is missing
+    seqs = [s.seq for s in spool.read_after(0, 1000)]
+    assert seqs == list(range(dropped_batches + 1, 151))
+    assert spool.dropped_totals() == (dropped_samples, dropped_batches)
+    # each drop is reported once, in the AgentStats of the batch stored with it
+    reported = sum(telemetry_pb2.SampleBatch.FromString(a.payload).stats.dropped_samples for a in appended)
+    assert reported == dropped_samples
+    spool.close()
+
+
+def test_a_full_disk_with_nothing_left_to_drop_refuses_with_the_cause_then_recovers(
+    small_disk: Callable[[str, int], SmallDisk],
+) -> None:
+    disk = small_disk("spool", 384 * 1024)
+    spool = Spool(disk.path)
+    in_flight = (0, 10**9)  # everything spooled is in flight: nothing may be dropped
+    with pytest.raises(SpoolDiskFull, match=r"no space left on the spool's disk \(.*spool.sqlite3: ENOSPC"):
+        for _ in range(150):
+            spool.append(batch(200), 200, protect=lambda: in_flight)
+    kept = spool.state().batches
+    assert kept > 0 and spool.dropped_totals() == (0, 0)
+    disk.resize(16 * 1024 * 1024)
+    appended = spool.append(batch(200), 200, protect=lambda: in_flight, dropped_elsewhere=(400, 2))
+    assert appended.seq == kept + 1 and not appended.disk_full
+    stored = telemetry_pb2.SampleBatch.FromString(spool.read_after(kept, 1)[0].payload)
+    assert (stored.stats.dropped_samples, stored.stats.dropped_batches) == (400, 2)  # dropped in the agent's memory
+    assert spool.dropped_totals() == (400, 2)
+    spool.close()
+
+
 def test_a_second_agent_cannot_open_the_same_spool(tmp_path: Path) -> None:
     first = Spool(tmp_path)
     with pytest.raises(SpoolError, match="in use by another agent"):
@@ -162,6 +216,75 @@ def test_full_spool_drops_oldest_batches_and_the_collector_learns_how_many(
     assert time.time_ns() - newest < 15e9
     dropped = int(agent.wait_for_log(r"(\d+) dropped by the spool cap").group(1))
     assert dropped == sum(b.stats.dropped_samples for b in batches.values())
+
+
+@pytest.mark.slow
+def test_a_full_spool_disk_keeps_the_newest_data_and_counts_what_it_dropped_all_the_way_to_influxdb(
+    tmp_path: Path,
+    agent_factory: AgentFactory,
+    influxdb: InfluxDBDatabase,
+    small_disk: Callable[[str, int], SmallDisk],
+) -> None:
+    sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"] * 8)
+    disk = small_disk("spool", 512 * 1024)
+    port = free_port()  # no collector there yet
+    agent = agent_factory(sim, [f"127.0.0.1:{port}"], "--grace", "20", spool=disk.path)
+    agent.wait_for_log(r"the spool's disk is full \(.*ENOSPC\)", timeout=90)
+    time.sleep(5.0)  # full for a while: every batch now makes room by dropping the oldest
+    assert "could not spool" not in agent.log()  # nothing was refused or lost uncounted
+    disk.resize(64 * 1024 * 1024)
+    space_back_ns = time.time_ns()
+    collector_log = (tmp_path / "collector.log").open("wb")
+    collector = subprocess.Popen(
+        [
+            *gpuprobe_command(),
+            "collector",
+            "--insecure",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--influx-url",
+            influxdb.server.url,
+            "--influx-db",
+            influxdb.name,
+            "--wal",
+            str(tmp_path / "wal"),
+        ],
+        env=clean_env(),
+        stdout=collector_log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        agent.wait_for_log("streaming to collector", timeout=30)
+        time.sleep(2.0)
+        assert agent.terminate() == 0
+        stopped = agent.wait_for_log(
+            r"stopped: (\d+) samples taken, (\d+) spooled, (\d+) acknowledged, (\d+) dropped by the spool cap;"
+            r" everything was delivered"
+        )
+        taken, spooled, acked, dropped = (int(n) for n in stopped.groups())
+        # every sample taken was spooled; of those, what the disk could not hold was dropped, the rest acked
+        assert dropped > 0 and taken == spooled and acked == spooled - dropped
+
+        def count(query: str) -> int:
+            series = influxdb.server.query(influxdb.name, query)
+            return int(max(series[0].values[0][1:])) if series else 0
+
+        # what the agent dropped is what InfluxDB was told it dropped
+        wait_until(
+            lambda: sum(count(f"SELECT count(*) FROM {m}") for m in ("gpu", "node", "acoustic")) >= acked,
+            30,
+            what="every acknowledged sample in InfluxDB",
+        )
+        stored_points = sum(count(f"SELECT count(*) FROM {m}") for m in ("gpu", "node", "acoustic"))
+        assert stored_points == acked
+        assert count("SELECT sum(dropped_samples) FROM agent") == dropped
+        # the newest data survived the full disk: the last 10 s before space came back are all there
+        window = f"time > {space_back_ns - 10 * 10**9} AND time <= {space_back_ns}"
+        assert count(f"SELECT count(power_w) FROM gpu WHERE gpu = '0' AND {window}") >= 80
+    finally:
+        collector.terminate()
+        collector.wait(20)
+        collector_log.close()
 
 
 def test_sigterm_without_a_collector_stops_after_the_grace_period_and_keeps_everything(

@@ -1,5 +1,6 @@
 """Failures with real processes and real signals: the collector killed with SIGKILL mid-stream, InfluxDB
-stopped for 60 s, a SIGTERM, several worker processes on one port. Nothing lost, nothing duplicated."""
+stopped for 60 s, the WAL's disk full, a SIGTERM, several worker processes on one port. Nothing lost,
+nothing duplicated."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from pathlib import Path
 import grpc
 import pytest
 from collector_helpers import CollectorProcess, collector_config, running, wait_until
+
 from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.sink import SinkSettings
-
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
+from gpuprobe.devservices.disks import SmallDisk
 from gpuprobe.devservices.ports import free_port
 from gpuprobe.v1 import telemetry_pb2
 
@@ -192,6 +194,131 @@ def test_influxdb_stopped_for_60_s_mid_stream_the_wal_grows_then_drains_and_noth
     assert growth == sorted(growth) and growth[-1] > growth[0]
 
 
+def test_wal_disk_full_then_space_and_influxdb_back_delivers_everything_once_without_a_restart(
+    private_influxdb: InfluxDBServer, tmp_path: Path, small_disk: Callable[[str, int], SmallDisk]
+) -> None:
+    private_influxdb.create_database("walfull")
+    disk = small_disk("wal", 256 * 1024)
+    config = collector_config(
+        tmp_path,
+        private_influxdb.url,
+        "walfull",
+        wal_dir=disk.path,
+        sink=SinkSettings(linger_s=0.05, backoff_initial_s=0.2, backoff_max_s=1.0),
+    )
+    private_influxdb.stop()  # nothing drains the WAL: it grows until the disk is full
+    timings: dict[str, float] = {}
+    sent: Sent = {}
+
+    async def scenario() -> None:
+        async with running(config) as collector:
+            fleet = Fleet(f"127.0.0.1:{collector.port}", ["full-1", "full-2", "full-3"], gpus=4, samples_per_gpu=5)
+            sent.update(fleet.sent)
+            fleet.start()
+            await wait_until(lambda: collector.wal.failure is not None, 60, "the WAL's disk to fill")
+            failure = collector.wal.failure
+            assert failure is not None and failure.disk_full, failure
+            assert collector.metrics.value("gpuprobe_collector_wal_up") == 0
+            await asyncio.sleep(3.0)  # the WAL keeps failing: nothing more is acked
+            acked_while_full = [agent.acked_seq for agent in fleet.agents]
+            await asyncio.sleep(2.0)
+            assert [agent.acked_seq for agent in fleet.agents] == acked_while_full
+            assert collector.wal.failure is not None and collector.wal.failure.failed_commits >= 2
+            assert "NOT WRITABLE (disk full" in collector.wal.state()
+
+            disk.resize(64 * 1024 * 1024)
+            space_back = time.monotonic()
+            await asyncio.to_thread(private_influxdb.start)
+            await wait_until(
+                lambda: all(
+                    agent.acked_seq > before for agent, before in zip(fleet.agents, acked_while_full, strict=True)
+                ),
+                60,
+                "acks to resume",
+            )
+            timings["acks_resumed_s"] = time.monotonic() - space_back
+            assert collector.wal.healthy and collector.metrics.value("gpuprobe_collector_wal_up") == 1
+            await fleet.finish()
+            await wait_until(lambda: collector.wal.depth_lines == 0, 60, "the WAL to drain")
+            await wait_stored(private_influxdb, "walfull", fleet.total, 30)
+            # the collector ended streams with UNAVAILABLE only (no INTERNAL, no refusal)...
+            ended = {
+                code: collector.metrics.value("gpuprobe_collector_streams_ended_total", {"code": code})
+                for code in ("UNAVAILABLE", "INTERNAL", "UNKNOWN", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT")
+            }
+            assert ended["UNAVAILABLE"] > 0 and not any(ended[code] for code in ended if code != "UNAVAILABLE")
+            for agent in fleet.agents:
+                # ...and saw that, or a write that raced the end of the stream (their gRPC library's INTERNAL)
+                assert all(e.code == grpc.StatusCode.UNAVAILABLE or e.from_client_library for e in agent.errors), (
+                    agent.errors
+                )
+                assert any("disk full" in e.details for e in agent.errors)
+
+    asyncio.run(scenario())
+    assert_exactly_once(private_influxdb, "walfull", sent)
+    # the WAL retries every 5 s at most; the agents reconnect within 0.5 s
+    assert timings["acks_resumed_s"] < 10.0, timings
+    print(f"acks resumed {timings['acks_resumed_s']:.2f} s after the WAL's disk got room")
+
+
+@pytest.mark.slow
+def test_influxdb_disk_full_is_retried_nothing_is_quarantined_and_everything_arrives_once_when_it_has_room(
+    tmp_path: Path, small_disk: Callable[[str, int], SmallDisk]
+) -> None:
+    disk = small_disk("influxdb", 8 * 1024 * 1024)
+    influx = InfluxDBServer(disk.path / "influxdb")
+    influx.start()
+    try:
+        influx.create_database("influxfull")
+        config = collector_config(
+            tmp_path,
+            influx.url,
+            "influxfull",
+            sink=SinkSettings(linger_s=0.05, backoff_initial_s=0.2, backoff_max_s=1.0),
+        )
+
+        async def scenario() -> None:
+            async with running(config) as collector:
+                fleet = Fleet(
+                    f"127.0.0.1:{collector.port}", ["if-1", "if-2", "if-3"], gpus=8, samples_per_gpu=10, period_s=0.02
+                )
+                fleet.start()
+                await wait_until(
+                    lambda: (
+                        collector.metrics.value(
+                            "gpuprobe_collector_write_requests_total", {"status": "500", "outcome": "retry"}
+                        )
+                        > 0
+                    ),
+                    90,
+                    "InfluxDB to answer that its disk is full",
+                )
+                await asyncio.sleep(2.0)
+                assert collector.metrics.value("gpuprobe_collector_sink_up") == 0
+                assert collector.wal.quarantine_count() == 0  # a full disk is not the lines' fault
+                acked = [agent.acked_seq for agent in fleet.agents]
+                await asyncio.sleep(1.0)
+                # the agents are still acked: the collector's WAL holds what InfluxDB cannot take yet
+                assert all(agent.acked_seq > before for agent, before in zip(fleet.agents, acked, strict=True))
+                disk.resize(512 * 1024 * 1024)
+                # InfluxDB 1.x does not recover from a full disk by itself (its WAL writer keeps failing
+                # with ENOSPC): it needs a restart once it has room, which the collector rides out
+                await asyncio.to_thread(influx.stop)
+                await asyncio.to_thread(influx.start)
+                await fleet.finish()
+                await wait_until(lambda: collector.wal.depth_lines == 0, 120, "the WAL to drain into InfluxDB")
+                assert collector.metrics.value("gpuprobe_collector_sink_up") == 1
+                assert collector.wal.quarantine_count() == 0
+                await wait_stored(influx, "influxfull", fleet.total, 60)
+                sent.update(fleet.sent)
+
+        sent: Sent = {}
+        asyncio.run(scenario())
+        assert_exactly_once(influx, "influxfull", sent)
+    finally:
+        influx.stop()
+
+
 def test_sigterm_acks_what_is_durable_ends_streams_with_unavailable_and_keeps_the_wal(
     influxdb: InfluxDBDatabase, tmp_path: Path, collector_process: Callable[..., CollectorProcess]
 ) -> None:
@@ -265,9 +392,8 @@ def test_plaintext_without_insecure_refuses_to_start(
 
 
 def test_influx_and_collector_options_come_from_toml_and_environment(tmp_path: Path) -> None:
-    from gpuprobe.collector.cli import config_from_options
-
     from gpuprobe.cli import all_commands, build_parser
+    from gpuprobe.collector.cli import config_from_options
     from gpuprobe.config import load_file, resolve
 
     config_file = tmp_path / "collector.toml"

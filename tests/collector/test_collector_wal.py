@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+
 from gpuprobe.collector.compression import gunzip_bytes
 from gpuprobe.collector.wal import WalError, WriteAheadLog, merge_orphans, wal_path
 
@@ -115,3 +116,48 @@ def test_lines_left_by_former_workers_are_merged_into_the_remaining_ones(tmp_pat
     zero = WriteAheadLog(wal_path(tmp_path, 0))
     assert [r.lines() for r in zero.read_after(0, 100)] == [b"m v=0 0\n", b"m v=2 2\n"]
     zero.close()
+
+
+def test_a_connection_that_cannot_write_is_reopened_and_the_held_batch_is_committed(tmp_path: Path) -> None:
+    path = tmp_path / "collector-0.sqlite"
+
+    async def scenario() -> None:
+        wal = WriteAheadLog(path)
+        wal.start()
+        await wal.append("agent-1", "spool-a", 1, b"m v=1 1\n", 1)
+        # the writer's connection refuses writes (as after an I/O error); the file itself is fine
+        wal._db.execute("PRAGMA query_only = ON")
+        held = asyncio.ensure_future(wal.append("agent-1", "spool-a", 2, b"m v=2 2\n", 1))
+        await asyncio.sleep(0.3)
+        assert not held.done()  # neither acked nor refused while it is retried
+        assert wal.failure is not None and wal.failure.cause == "read-only" and not wal.healthy
+        assert wal.alive  # retrying is alive: systemd's watchdog goes on
+        await asyncio.wait_for(held, 30)  # committed on the connection reopened after 3 failures
+        assert wal.healthy and wal.failure is None and wal.failed_commits >= 3
+        assert wal.durable_seq("agent-1", "spool-a") == 2 and wal.depth_rows == 2
+        wal.close()
+
+    run(scenario())
+
+
+def test_a_wal_that_cannot_be_reopened_fails_for_good_and_says_so(tmp_path: Path) -> None:
+    directory = tmp_path / "wal"
+    path = directory / "collector-0.sqlite"
+
+    async def scenario() -> None:
+        wal = WriteAheadLog(path)
+        state_changes: list[str] = []
+        wal.on_state_change = lambda: state_changes.append(wal.state())
+        wal.start()
+        await wal.append("agent-1", "spool-a", 1, b"m v=1 1\n", 1)
+        wal._db.execute("PRAGMA query_only = ON")
+        directory.rename(tmp_path / "gone")  # (the disk went away) reopening cannot find the file
+        with pytest.raises(WalError, match="cannot be reopened"):
+            await asyncio.wait_for(wal.append("agent-1", "spool-a", 2, b"m v=2 2\n", 1), 30)
+        assert wal.fatal is not None and not wal.alive and not wal.healthy
+        assert state_changes[0].startswith("NOT WRITABLE (read-only") and state_changes[-1].startswith("FAILED")
+        with pytest.raises(WalError, match="cannot be reopened"):  # and every later batch is refused at once
+            await wal.append("agent-1", "spool-a", 3, b"m v=3 3\n", 1)
+        wal.close()
+
+    run(scenario())
