@@ -182,7 +182,9 @@ async def _serve(config: CollectorSettings, worker: int, notifier: Notifier | No
         os.close(ready_fd)
     watchdog = asyncio.create_task(_watchdog(notifier, collector)) if notifier is not None else None
     fatal = asyncio.create_task(_wal_failed_for_good(collector))
-    await asyncio.wait({asyncio.create_task(stop.wait()), fatal}, return_when=asyncio.FIRST_COMPLETED)
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({stopped, fatal}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
     code = 0
     if fatal.done():
         code = 1
