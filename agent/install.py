@@ -8,7 +8,10 @@ Files (under ``--root DIR`` when staging an image or a test tree):
 - ``/etc/gpuprobe/agent.toml``: the ``[agent]`` options given here (with ``--broker``, the fleet
   control plane's: broker, trusted keys, a control directory in the StateDirectory); every other
   option keeps its default and can be added by hand (``gpuprobe agent --help``);
-- ``/etc/sysusers.d/gpuprobe-agent.conf``: the unprivileged user, created by ``systemd-sysusers``.
+- ``/etc/sysusers.d/gpuprobe-agent.conf``: the unprivileged user, created by ``systemd-sysusers``;
+- with ``--allow-power-limits`` (fleet probes may set GPU power limits): ``allow_power_limits = true``
+  in the config and the drop-in ``/etc/systemd/system/gpuprobe-agent.service.d/power-limits.conf``,
+  which gives the agent CAP_SYS_ADMIN (what NVML needs to set a power limit; docs/operations.md).
 
 Nothing is overwritten without ``--force``. This module is imported to list the commands, so it
 imports only what writing the files needs.
@@ -23,7 +26,7 @@ from typing import Any
 
 from gpuprobe.config import Option, parse_duration, parse_whole_seconds
 from gpuprobe.control.mqtt import MQTT_OPTIONS
-from gpuprobe.control.settings import TRUSTED_KEYS
+from gpuprobe.control.settings import ALLOW_POWER_LIMITS, TRUSTED_KEYS
 from gpuprobe.systemd import (
     UnitSpec,
     default_executable,
@@ -41,6 +44,19 @@ STATE_DIRECTORY = "gpuprobe/agent"  # /var/lib/gpuprobe/agent
 SPOOL_DIR = "/var/lib/gpuprobe/agent/spool"
 TRAINER_SOCKET = "/var/lib/gpuprobe/agent/trainer.sock"
 CONTROL_DIR = "/var/lib/gpuprobe/agent/control"  # with --broker: inside the StateDirectory
+POWER_LIMITS_DROPIN_PATH = "/etc/systemd/system/gpuprobe-agent.service.d/power-limits.conf"
+# The unit drops every capability (CapabilityBoundingSet= and AmbientCapabilities= empty); a drop-in's
+# assignments add to those, so this gives the agent exactly CAP_SYS_ADMIN, as an ambient capability of
+# its unprivileged user (NoNewPrivileges does not affect ambient capabilities).
+POWER_LIMITS_DROPIN = """\
+# Written by `gpuprobe install agent --allow-power-limits`: NVML sets GPU power limits only for root
+# or a process with CAP_SYS_ADMIN (docs/operations.md, "GPU power limits"). CAP_SYS_ADMIN is a broad
+# capability: to take it away, remove this file and `allow_power_limits` from /etc/gpuprobe/agent.toml,
+# then `systemctl daemon-reload` and restart the agent.
+[Service]
+CapabilityBoundingSet=CAP_SYS_ADMIN
+AmbientCapabilities=CAP_SYS_ADMIN
+"""
 
 
 INSTALL_OPTIONS = [
@@ -80,6 +96,13 @@ INSTALL_OPTIONS += [
     if opt.name != "mqtt_password"
 ]
 INSTALL_OPTIONS.append(dataclasses.replace(TRUSTED_KEYS, help=f"{TRUSTED_KEYS.help}; written to the config"))
+INSTALL_OPTIONS.append(
+    dataclasses.replace(
+        ALLOW_POWER_LIMITS,
+        help=f"{ALLOW_POWER_LIMITS.help}; written to the config, with a unit drop-in that gives the agent"
+        " CAP_SYS_ADMIN (needs --broker)",
+    )
+)
 
 
 def render_config(values: dict[str, Any]) -> str:
@@ -100,6 +123,8 @@ def render_config(values: dict[str, Any]) -> str:
         entries["broker"] = values["broker"]
         entries["trusted_keys"] = [str(Path(k).absolute()) for k in values["trusted_keys"]]
         entries["control_dir"] = CONTROL_DIR
+        if values["allow_power_limits"]:
+            entries["allow_power_limits"] = True
         if values["mqtt_username"]:
             entries["mqtt_username"] = values["mqtt_username"]
         for key in _BROKER_PATHS:
@@ -148,7 +173,7 @@ def run(values: dict[str, Any]) -> int:
         return fail("pass --collector HOST[:PORT] (the collector the agent streams to)")
     if values["broker"] and not values["trusted_keys"]:
         return fail("--broker needs --trusted-keys (the operator public keys whose probe commands the agent runs)")
-    broker_only = [o for o in ("mqtt_username", *_BROKER_PATHS) if values[o]] + (
+    broker_only = [o for o in ("mqtt_username", *_BROKER_PATHS, "allow_power_limits") if values[o]] + (
         ["trusted_keys"] if values["trusted_keys"] else []
     )
     if broker_only and not values["broker"]:
@@ -164,9 +189,16 @@ def run(values: dict[str, Any]) -> int:
         staged_path(root, CONFIG_PATH): (render_config(values), 0o644),
         staged_path(root, SYSUSERS_PATH): (render_sysusers(values["user"]), 0o644),
     }
+    if values["allow_power_limits"]:
+        files[staged_path(root, POWER_LIMITS_DROPIN_PATH)] = (POWER_LIMITS_DROPIN, 0o644)
     written = write_install_files(files, values["force"], "install agent")
     if written != 0:
         return written
+    stale_dropin = staged_path(root, POWER_LIMITS_DROPIN_PATH)
+    if not values["allow_power_limits"] and stale_dropin.exists():
+        # an earlier install allowed power limits: without this the agent would keep CAP_SYS_ADMIN
+        stale_dropin.unlink()
+        print(f"removed {stale_dropin}: power limits are no longer allowed, the agent loses CAP_SYS_ADMIN")
     where = f" (staged under {root}: copy that tree onto the node first)" if root is not None else ""
     print(f"\nnext steps{where}:")
     print("  systemd-sysusers                      # creates the user " + values["user"])
@@ -181,6 +213,11 @@ def run(values: dict[str, Any]) -> int:
         if values[key] is not None:
             print(f"\nnote: {values[key]} must be readable by {values['user']} (e.g. 0640 root:{values['user']})")
             break
+    if values["allow_power_limits"]:
+        print(
+            f"\nnote: {POWER_LIMITS_DROPIN_PATH} gives the agent CAP_SYS_ADMIN so that probes may set GPU"
+            " power limits; the agent restores the previous limits after each probe and at its next start"
+        )
     if values["broker"] and not values["mqtt_password_file"] and values["mqtt_username"]:
         print(
             "\nnote: give the MQTT password with --mqtt-password-file"

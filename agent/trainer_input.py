@@ -51,6 +51,12 @@ KINDS = {
     "start": telemetry_pb2.PROBE_EVENT_KIND_START,
     "phase_change": telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE,
     "end": telemetry_pb2.PROBE_EVENT_KIND_END,
+    "point_refused": telemetry_pb2.PROBE_EVENT_KIND_POINT_REFUSED,
+}
+DEVICES = {
+    "cuda": telemetry_pb2.TRAINER_DEVICE_CUDA,
+    "cpu": telemetry_pb2.TRAINER_DEVICE_CPU,
+    "sim": telemetry_pb2.TRAINER_DEVICE_SIM,
 }
 STATUSES = {
     "running": common_pb2.PROBE_STATUS_RUNNING,
@@ -138,10 +144,12 @@ def parse_line(line: bytes, now_ns: int) -> Message:
             step=_integer(obj, "step", MAX_UINT64, required=True),
             batch_size=_integer(obj, "batch_size", MAX_UINT32) or 0,
             phase=_choice(obj, "phase", PHASES, required=True),  # type: ignore[arg-type]
+            device=_choice(obj, "device", DEVICES, required=False),  # type: ignore[arg-type]
         )
-        gpu = _integer(obj, "gpu", MAX_UINT32)
-        if gpu is not None:
-            sample.gpu_index = gpu
+        for key, attr in (("gpu", "gpu_index"), ("point", "point")):
+            number = _integer(obj, key, MAX_UINT32)
+            if number is not None:
+                setattr(sample, attr, number)
         for key in ("samples_per_s", "step_time_s"):
             value = _number(obj, key)
             if value is not None:
@@ -151,7 +159,7 @@ def parse_line(line: bytes, now_ns: int) -> Message:
             sample.loss = loss
         return sample
     if kind == "probe_event":
-        return telemetry_pb2.ProbeEvent(
+        event = telemetry_pb2.ProbeEvent(
             time_unix_ns=t_ns,
             probe_id=_string(obj, "probe", required=True),
             workload=_string(obj, "workload"),
@@ -159,7 +167,17 @@ def parse_line(line: bytes, now_ns: int) -> Message:
             phase=_choice(obj, "phase", PHASES, required=False),  # type: ignore[arg-type]
             status=_choice(obj, "status", STATUSES, required=False),  # type: ignore[arg-type]
             message=_string(obj, "message", max_chars=4096),
+            power_limit=_string(obj, "power_limit", max_chars=64),
         )
+        for key, attr in (("gpu", "gpu_index"), ("point", "point"), ("batch_size", "batch_size")):
+            number = _integer(obj, key, MAX_UINT32)
+            if number is not None:
+                setattr(event, attr, number)
+        for key in ("power_limit_w", "temp_slowdown_c"):
+            value = _number(obj, key)
+            if value is not None:
+                setattr(event, key, value)
+        return event
     raise BadMessage(f"'type' must be 'progress' or 'probe_event', not {kind!r}")
 
 

@@ -74,6 +74,13 @@ EVENT_KINDS: dict[int, str] = {
     telemetry_pb2.PROBE_EVENT_KIND_START: "start",
     telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE: "phase_change",
     telemetry_pb2.PROBE_EVENT_KIND_END: "end",
+    telemetry_pb2.PROBE_EVENT_KIND_POINT_REFUSED: "point_refused",
+}
+# `device` tag of trainer points; UNSPECIFIED (an older trainer) writes no tag
+TRAINER_DEVICES: dict[int, str] = {
+    telemetry_pb2.TRAINER_DEVICE_CUDA: "cuda",
+    telemetry_pb2.TRAINER_DEVICE_CPU: "cpu",
+    telemetry_pb2.TRAINER_DEVICE_SIM: "sim",
 }
 SOURCES: dict[int, str] = {
     telemetry_pb2.ACOUSTIC_SOURCE_MIC: "mic",
@@ -109,7 +116,14 @@ def _specs(message: Any, skip: Iterable[str]) -> tuple[Spec, ...]:
 GPU_SPECS = _specs(telemetry_pb2.GpuSample, skip=("time_unix_ns", "gpu_index"))
 NODE_SPECS = _specs(telemetry_pb2.NodeSample, skip=("time_unix_ns", "hwmon_temp_c"))
 ACOUSTIC_SPECS = _specs(telemetry_pb2.AcousticSample, skip=("time_unix_ns", "source", "gpu_index"))
-TRAINER_SPECS = _specs(telemetry_pb2.TrainerSample, skip=("time_unix_ns", "probe_id", "workload", "gpu_index", "phase"))
+TRAINER_SPECS = _specs(
+    telemetry_pb2.TrainerSample, skip=("time_unix_ns", "probe_id", "workload", "gpu_index", "phase", "device")
+)
+# the numeric fields of a study's probe event (the rest are enums and strings, handled by hand)
+PROBE_EVENT_SPECS = _specs(
+    telemetry_pb2.ProbeEvent,
+    skip=("time_unix_ns", "probe_id", "workload", "kind", "phase", "status", "message", "gpu_index", "power_limit"),
+)
 AGENT_SPECS = _specs(telemetry_pb2.AgentStats, skip=())
 
 _GPU_NAMES = tuple(name for name, _, _ in GPU_SPECS)
@@ -524,10 +538,11 @@ class StreamEncoder:
         gpu = self._gpu_tag(sample.HasField("gpu_index"), sample.gpu_index, gpus, problems, where)
         if gpu is None or not self._time_ok(time_ns, low, high, problems, where):
             return
+        device = TRAINER_DEVICES.get(int(sample.device), "")
         parts = _checked_fields(sample, TRAINER_SPECS, problems, where)
         parts.append(f'phase="{phase}"')
-        key = (TRAINER, sample.probe_id, sample.workload, gpu)
-        tags = dict(self._identity_tags, probe=sample.probe_id, workload=sample.workload, gpu=gpu)
+        key = (TRAINER, sample.probe_id, sample.workload, gpu, device)
+        tags = dict(self._identity_tags, probe=sample.probe_id, workload=sample.workload, gpu=gpu, device=device)
         out.append(f"{self._cached_prefix(key, TRAINER, tags)}{','.join(parts)} {time_ns}\n".encode())
 
     def _encode_probe_event(
@@ -563,6 +578,12 @@ class StreamEncoder:
         message = clean_string_field(event.message, self.limits.max_string_field_bytes)
         if message:
             texts.append(f"message={quote_string_field(message)}")
+        if event.HasField("gpu_index"):
+            texts.append(f'gpu="{event.gpu_index}"')
+        power_limit = clean_string_field(event.power_limit, 64)
+        if power_limit:
+            texts.append(f"power_limit={quote_string_field(power_limit)}")
+        texts.extend(_checked_fields(event, PROBE_EVENT_SPECS, problems, where))
         prefix = self._cached_prefix((PROBE, event.probe_id), PROBE, dict(self._identity_tags, probe=event.probe_id))
         out.append(f"{prefix}{','.join(texts)} {time_ns}\n".encode())
 

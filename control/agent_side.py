@@ -42,8 +42,10 @@ from google.protobuf.message import DecodeError
 from gpuprobe.backoff import Backoff
 from gpuprobe.control import mqtt, replay, selector, signing, topics
 from gpuprobe.control.gpus import GpuReader, SensorGpus
-from gpuprobe.control.probe import ProbePlan, ProbeRun
-from gpuprobe.control.settings import ControlSettings
+from gpuprobe.control.powerlimit import FILE_NAME as POWER_LIMITS_FILE
+from gpuprobe.control.powerlimit import PowerLimitRefused, PowerLimits, parse_limit
+from gpuprobe.control.probe import PointLimit, ProbePlan, ProbeRun, limit_label
+from gpuprobe.control.settings import MAX_STUDY_POINTS, ControlSettings
 from gpuprobe.trainer import catalog
 from gpuprobe.v1 import common_pb2, control_pb2
 
@@ -94,6 +96,8 @@ class ControlClient:
         self.gpus: GpuReader = gpus if gpus is not None else SensorGpus()
         self.status = status
         self.replay = replay.ReplayStore(settings.state_dir)
+        # GPU power limits that probes set (and always restore: the state file survives a SIGKILL)
+        self.power_limits = PowerLimits(settings.state_dir / POWER_LIMITS_FILE, settings.allow_power_limits)
         self.results_dir = settings.state_dir / "results"
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.started_unix_ns = time.time_ns()
@@ -124,6 +128,9 @@ class ControlClient:
             ", ".join(sorted(self.settings.trusted_keys)) or "none",
             ", ".join(self.workloads),
         )
+        log.info("%s", self.power_limits.describe())
+        # limits that an agent killed during a probe left set: restored before anything else (logged)
+        await asyncio.to_thread(self.power_limits.restore_leftovers)
         backoff = Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s)
         while not self._stopping.is_set():
             try:
@@ -395,17 +402,28 @@ class ControlClient:
         def refuse(reason: int, message: str) -> signing.Refusal:
             return signing.Refusal(reason, message, command.command_id, start.probe_id)
 
-        spec = catalog.WORKLOADS.get(start.workload)
-        if spec is None:
+        if len(start.points) > MAX_STUDY_POINTS:
             raise refuse(
-                R.REFUSAL_REASON_UNKNOWN_WORKLOAD,
-                f"workload {start.workload!r} is not built in ({', '.join(catalog.WORKLOAD_NAMES)})",
+                R.REFUSAL_REASON_INVALID_ARGUMENT, f"{len(start.points)} study points; at most {MAX_STUDY_POINTS}"
             )
-        if start.workload not in self.workloads:
-            raise refuse(
-                R.REFUSAL_REASON_TRAINER_UNAVAILABLE,
-                f"{start.workload} needs the trainer extra (torch) on this node: pip install 'gpuprobe[trainer]'",
-            )
+        for workload in dict.fromkeys([p.workload for p in start.points] or [start.workload]):
+            if catalog.WORKLOADS.get(workload) is None:
+                raise refuse(
+                    R.REFUSAL_REASON_UNKNOWN_WORKLOAD,
+                    f"workload {workload!r} is not built in ({', '.join(catalog.WORKLOAD_NAMES)})",
+                )
+            if workload not in self.workloads:
+                raise refuse(
+                    R.REFUSAL_REASON_TRAINER_UNAVAILABLE,
+                    f"{workload} needs the trainer extra (torch) on this node: pip install 'gpuprobe[trainer]'",
+                )
+        for index, point in enumerate(start.points):
+            if point.batch_size == 0:
+                raise refuse(R.REFUSAL_REASON_INVALID_ARGUMENT, f"study point {index}: batch size 0")
+            try:
+                parse_limit(limit_label(point.power_limit))
+            except ValueError as e:
+                raise refuse(R.REFUSAL_REASON_INVALID_ARGUMENT, f"study point {index}: {e}") from None
         try:
             topics.check_probe_id(start.probe_id)
         except topics.TopicError as e:
@@ -439,6 +457,8 @@ class ControlClient:
         if not self._selected(command, start.selector, start.probe_id):
             return
         plan = self._plan(command)
+        if plan.is_study and plan.gpu_indices:
+            plan.limits = await asyncio.to_thread(self._resolve_limits, plan)
         probe = ProbeRun(
             plan=plan,
             host=self.settings.host,
@@ -448,6 +468,7 @@ class ControlClient:
             trainer_command=self.settings.trainer_command,
             agent_socket=self.settings.agent_socket,
             sample_interval_s=self.settings.sample_interval_s,
+            power_limits=self.power_limits,
         )
         self.probe = probe
         self._probe_task = asyncio.create_task(self._run_probe(probe))
@@ -466,10 +487,31 @@ class ControlClient:
             where,
             when,
         )
-        await self._reply(
-            command.command_id, start.probe_id, True, message=f"{start.workload} {plan.size} on {where}, {when}"
-        )
+        what = f"{start.workload} {plan.size}"
+        if plan.is_study:
+            refused = sum(1 for limit in plan.limits.values() if limit.refused)
+            what = f"study of {len(start.points)} points ({', '.join(plan.workloads)}, {plan.size})"
+            if refused:
+                first = next(limit.refused for limit in plan.limits.values() if limit.refused)
+                what += f"; {refused} point(s) refused here, e.g. {first}"
+        await self._reply(command.command_id, start.probe_id, True, message=f"{what} on {where}, {when}")
         await self._publish_presence(control_pb2.AGENT_STATE_ONLINE)
+
+    def _resolve_limits(self, plan: ProbePlan) -> dict[tuple[int, int], PointLimit]:
+        """Every study point's power limit on every GPU, checked before anything runs: a limit that is
+        not allowed, unprivileged or out of the GPU's range refuses that point on that GPU only."""
+        limits: dict[tuple[int, int], PointLimit] = {}
+        for index, point in enumerate(plan.start.points):
+            label = limit_label(point.power_limit)
+            if not label:
+                continue
+            request = parse_limit(label)
+            for gpu in plan.gpu_indices:
+                try:
+                    limits[(gpu, index)] = PointLimit(label, self.power_limits.resolve(gpu, request))
+                except PowerLimitRefused as e:
+                    limits[(gpu, index)] = PointLimit(label, None, str(e))
+        return limits
 
     async def _run_probe(self, probe: ProbeRun) -> None:
         self._progress(probe.progress())

@@ -32,6 +32,8 @@ DEFAULT_STATE_DIR = "/var/lib/gpuprobe/control"
 # for later) and commands stamped further than this from its own clock (docs/control.md).
 DEFAULT_MAX_LIFETIME_S = 3600.0
 DEFAULT_CLOCK_SKEW_S = 30.0
+# The most points one study may have (gpuprobe study start; agents refuse more).
+MAX_STUDY_POINTS = 256
 # What a probe runs for each GPU: this installation's own trainer, never a command from the network.
 TRAINER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "gpuprobe", "train")
 
@@ -50,6 +52,12 @@ CONTROL_DIR = Option(
     Path(DEFAULT_STATE_DIR),
     metavar="DIR",
 )
+ALLOW_POWER_LIMITS = Option(
+    "allow_power_limits",
+    "let probes set GPU power limits (needs root or CAP_SYS_ADMIN; the previous limits are always restored)",
+    is_flag=True,
+    default=False,
+)
 CONTROL_OPTIONS = [
     TRUSTED_KEYS,
     CONTROL_DIR,
@@ -67,6 +75,7 @@ CONTROL_OPTIONS = [
     Option(
         "result_retention", "republish results of probes this recent after every reconnect", parse_duration, 86400.0
     ),
+    ALLOW_POWER_LIMITS,
 ]
 # Reconnect pauses towards the broker. `gpuprobe agent` has options of these names for the gRPC
 # collector, so it takes them with an `mqtt_` prefix (RETRY_PREFIX); `control-agent` keeps the plain names.
@@ -98,6 +107,7 @@ class ControlSettings:
     trainer_command: Sequence[str] = TRAINER_COMMAND
     agent_version: str = __version__
     telemetry_interval_s: float = 0.0  # the agent's sampling interval, shown in the presence
+    allow_power_limits: bool = False  # probes may set GPU power limits (gpuprobe.control.powerlimit)
 
     @property
     def host(self) -> str:
@@ -146,4 +156,5 @@ def control_settings(
         result_retention_s=values["result_retention"],
         telemetry_interval_s=telemetry_interval_s,
         sample_interval_s=sample_interval_s,
+        allow_power_limits=bool(values.get("allow_power_limits", False)),
     )

@@ -23,6 +23,7 @@ GROUP_HELP = {
     "install": "install a gpuprobe service (systemd unit and configuration)",
     "probe": "fleet-wide training probes over MQTT (signed commands, progress, results)",
     "import": "import existing GPU logs into InfluxDB as `gpu` points",
+    "study": "studies: one fleet probe over a matrix of workloads, batch sizes and power limits, and its report",
 }
 
 
@@ -35,6 +36,7 @@ def all_commands() -> list[Command]:
     from gpuprobe.importer import cli as importer_cli
     from gpuprobe.model import cli as model_cli
     from gpuprobe.sim import cli as sim_cli
+    from gpuprobe.study import cli as study_cli
     from gpuprobe.trainer import cli as trainer_cli
 
     return [
@@ -46,6 +48,7 @@ def all_commands() -> list[Command]:
         *control_cli.COMMANDS,
         *model_cli.COMMANDS,
         *importer_cli.COMMANDS,
+        *study_cli.COMMANDS,
     ]
 
 

@@ -4,8 +4,11 @@ In a temporary directory it starts a real InfluxDB and a real Mosquitto, a colle
 bearer token per agent), and two simulated nodes of four GPUs each (``gpuprobe sim run … --
 gpuprobe agent``, the control plane embedded); it signs and starts a short ResNet-50 probe on both
 nodes over MQTT, follows its progress, collects the results, fits the thermal, acoustic and
-efficiency models from InfluxDB and writes the HTML report. Every process is stopped and the
-temporary directory removed at the end; the report stays in ``--out``.
+efficiency models from InfluxDB and writes the HTML report. Then a small *study* on GPU 0 of both
+nodes (full-size ResNet-50 at two batch sizes and two power limits; the agents may set limits) and
+its report: samples/s and J/sample of the simulated H100 and A100, labelled simulated (the
+simulator's performance model). Every process is stopped and the temporary directory removed at the
+end; the reports stay in ``--out``.
 """
 
 from __future__ import annotations
@@ -174,6 +177,7 @@ def run_demo(values: dict[str, Any]) -> int:
                     "--tls-server-name", "localhost", "--token-file", str(token_file),
                     "--spool", str(work / host / "spool"), "--broker", broker,
                     "--trusted-keys", str(operator_key.public), "--control-dir", str(work / host / "control"),
+                    "--allow-power-limits",
                 ),
             )  # fmt: skip
 
@@ -230,7 +234,54 @@ def run_demo(values: dict[str, Any]) -> int:
         print()
         print(paths.summary)
         print(f"\nreport: {paths.html}\nnumbers: {paths.json}")
+        if values["study"]:
+            _study(values, broker, influx.url, operator_key.private, out_dir)
     return 0
+
+
+def _study(values: dict[str, Any], broker: str, influx_url: str, key: Path, out_dir: Path) -> None:
+    """A small study on GPU 0 of both nodes (an H100 and an A100): full-size ResNet-50 at two batch
+    sizes and two power limits, then its report. The throughput is the simulator's performance model."""
+    study_id = f"demo-study-{time.strftime('%Y%m%d-%H%M%S')}"
+    phases = {"idle_baseline": 3.0, "warmup": 8.0, "duration": values["study_steady"], "cooldown": 3.0}
+    points = 4
+    total_s = values["start_in"] + phases["idle_baseline"] + points * (phases["warmup"] + phases["duration"])
+    _say(
+        f"a small study {study_id}: full-size ResNet-50 at batch 64 and 256 and power limits 70 % and 100 % on "
+        f"GPU 0 of both nodes, about {total_s + phases['cooldown']:.0f} s (throughput SIMULATED: the simulator's "
+        "performance model, while the CPU trains the real model with a small batch)"
+    )
+    _run(
+        _gpuprobe(
+            "study", "start", "--broker", broker, "--key", str(key), "--study-id", study_id,
+            "--workloads", "resnet50", "--size", "full", "--batch-sizes", "64,256", "--power-limits", "70%,100%",
+            "--gpus", "0", "--start-in", str(values["start_in"]), "--idle-baseline", str(phases["idle_baseline"]),
+            "--warmup", str(phases["warmup"]), "--duration", str(phases["duration"]),
+            "--cooldown", str(phases["cooldown"]), "--wait", "10",
+        ),
+        "study start",
+        60,
+    )  # fmt: skip
+    status = subprocess.Popen(_gpuprobe("study", "status", study_id, "--broker", broker, "--refresh", "10"))
+    try:
+        status.wait(timeout=total_s + phases["cooldown"] + 180)
+    except subprocess.TimeoutExpired:
+        status.kill()
+        raise DemoError("the study did not finish in time") from None
+    if status.returncode != 0:
+        raise DemoError(f"gpuprobe study status failed ({status.returncode})")
+    _say("waiting for the collector to write everything to InfluxDB")
+    time.sleep(3.0)
+    _say("the study's report: throughput per GPU, samples/J, the energy-optimal point per GPU model")
+    html, numbers = out_dir / "study.html", out_dir / "study.json"
+    _run(
+        _gpuprobe(
+            "study", "report", study_id, "--influx-url", influx_url, "--influx-db", DB,
+            "--html", str(html), "--json", str(numbers),
+        ),
+        "study report",
+        180,
+    )  # fmt: skip
 
 
 def _command(values: dict[str, Any], args: argparse.Namespace) -> int:
@@ -257,6 +308,14 @@ COMMANDS = [
             Option("cooldown", "cool-down of the probe", parse_duration, 45.0),
             Option("start_in", "time the nodes get to load torch before the synchronized start", parse_duration, 30.0),
             Option("price_per_gpu_hour", "price of one GPU-hour for the cost figures", float, 2.5, metavar="PRICE"),
+            Option(
+                "study",
+                "after the probe, a small study (2 batch sizes x 2 power limits, full-size ResNet-50, simulated "
+                "throughput) and its report (--no-study: skip it)",
+                is_flag=True,
+                default=True,
+            ),
+            Option("study_steady", "steady phase of each study point", parse_duration, 15.0),
             Option("keep", "keep the temporary working directory (logs, WAL, spools)", is_flag=True, default=False),
         ],
     )

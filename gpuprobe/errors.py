@@ -31,6 +31,8 @@ module (``gpuprobe.`` left out; ``agent/…`` is ``gpuprobe.agent``) and when it
     │   ├── WalError (RuntimeError)            collector/wal.py: the WAL cannot be opened or written
     │   ├── GpuSensorError (RuntimeError)      agent/sensors/gpu.py: NVML cannot be used at all (no
     │   │                                      library, no driver); the agent runs without GPUs
+    │   ├── NvmlCallError (RuntimeError)       agent/sensors/gpu.py: one NVML call outside the sampler
+    │   │                                      failed (a trainer's clock read, a power limit set)
     │   ├── SimStateError (RuntimeError)       sim/state.py: no simulated machine, or a bad one, in a
     │   │                                      state directory
     │   ├── SimBuildError (RuntimeError)       sim/build.py: the simulator library cannot be compiled
@@ -51,6 +53,8 @@ module (``gpuprobe.`` left out; ``agent/…`` is ``gpuprobe.agent``) and when it
     │   ├── SessionError                       agent/uplink.py: ends one uplink session to a collector
     │   ├── Refusal                            control/signing.py: an agent refuses a probe command,
     │   │                                      with the reason of docs/control.md
+    │   ├── PowerLimitRefused                  control/powerlimit.py: an agent will not or cannot set
+    │   │                                      a probe's GPU power limit (the reason says why)
     │   └── BadMessage (ValueError)            agent/trainer_input.py: a trainer socket line outside
     │                                          its contract (dropped and logged)
     └── DataError                              errors.py: bad input data, or an unusable answer to a

@@ -417,6 +417,11 @@ def analyze(ds: Dataset, s: ModelSettings) -> Results:
         notes.append("the probe has no steady phase: efficiency uses the loaded part of the power series")
     if w.probe is None:
         notes.append("time range without a probe: the loaded part of each GPU's power series is its steady phase")
+    if any(t.device == "sim" for t in ds.trainer):
+        notes.append(
+            "SIMULATED throughput: samples/s (and so J/sample and samples/J) come from simulated GPUs, the "
+            "simulator's performance model (trainer device=sim), not a measurement"
+        )
     return Results(
         label=w.label,
         probe=w.probe,

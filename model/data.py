@@ -116,6 +116,7 @@ class TrainerSeries:
     t_ns: np.ndarray
     samples_per_s: np.ndarray
     phase: list[str]
+    device: str = ""  # the `device` tag: cuda, cpu, sim (simulated throughput), or "" (an older trainer)
 
 
 @dataclass
@@ -273,7 +274,8 @@ def load(client: InfluxClient, window: Window) -> Dataset:
     probe_filter = "" if window.probe is None else f'"probe" = {quote_string(window.probe)} AND '
     trainer_where = probe_filter + where
     for s in client.query(
-        f'SELECT "samples_per_s", "phase" FROM "trainer" WHERE {trainer_where} GROUP BY "host", "gpu", "workload"'
+        f'SELECT "samples_per_s", "phase" FROM "trainer" WHERE {trainer_where}'
+        ' GROUP BY "host", "gpu", "workload", "device"'
     ):
         trainer.append(
             TrainerSeries(
@@ -283,6 +285,7 @@ def load(client: InfluxClient, window: Window) -> Dataset:
                 t_ns=np.array(s.column("time"), dtype=np.int64),
                 samples_per_s=_floats(s, "samples_per_s"),
                 phase=[str(p or "") for p in s.column("phase")],
+                device=s.tags.get("device", ""),
             )
         )
     return Dataset(window=window, gpus=gpus, acoustic=acoustic, trainer=trainer)

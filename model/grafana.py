@@ -850,6 +850,145 @@ def probe_efficiency() -> dict[str, Any]:
     )
 
 
+STUDY_VAR = variable(
+    "probe", 'SHOW TAG VALUES FROM "model" WITH KEY = "probe" WHERE "kind" = \'study\'', "study", multi=False
+)
+STUDY_HOST_VAR = variable("host", 'SHOW TAG VALUES FROM "probe" WITH KEY = "host" WHERE "probe" =~ /^$probe$/', "host")
+STUDY_GROUP = '"gpu_model", "instance_type", "virt", "region", "workload", "batch_size", "power_limit"'
+STUDY_ALIAS = "$tag_gpu_model $tag_virt $tag_instance_type $tag_workload b$tag_batch_size $tag_power_limit"
+
+
+def study() -> dict[str, Any]:
+    lay = Layout()
+    groups = f"\"kind\" = 'study' AND {PROBE} AND {TF}"
+    trainer = f"{PROBE} AND {HOST} AND {TF}"
+    panels = [
+        lay.panel(
+            "Samples per joule per group (gpuprobe study report)",
+            "bargauge",
+            [
+                target(
+                    f'SELECT last("samples_per_j") FROM "model" WHERE {groups} GROUP BY {STUDY_GROUP}',
+                    alias=STUDY_ALIAS,
+                )
+            ],
+            unit="samples/J",
+            description="Sum of samples/s over the sum of mean power of the group's GPUs in their steady windows",
+        ),
+        lay.panel(
+            "Throughput per GPU per group (gpuprobe study report)",
+            "bargauge",
+            [
+                target(
+                    f'SELECT last("samples_per_s") FROM "model" WHERE {groups} GROUP BY {STUDY_GROUP}',
+                    alias=STUDY_ALIAS,
+                )
+            ],
+            unit="samples/s",
+        ),
+        lay.panel(
+            "Groups (gpuprobe study report)",
+            "table",
+            [
+                target(
+                    'SELECT last("point") AS "point", last("samples_per_s") AS "samples/s per GPU", '
+                    'last("samples_per_j") AS "samples/J", last("j_per_sample") AS "J/sample", '
+                    'last("mean_power_w") AS "mean W", last("power_limit_w") AS "enforced limit W", '
+                    'last("peak_temp_c") AS "peak °C", last("headroom_c") AS "headroom °C", '
+                    'last("est_dba") AS "proxy dBA", last("cost_per_million_samples_usd") AS "USD per 1M samples", '
+                    'last("virt_overhead_pct") AS "virt overhead %", last("gpus") AS "GPUs", '
+                    'last("refusals") AS "refused", last("energy_optimal") AS "energy-optimal", '
+                    'last("time_optimal") AS "time-optimal", last("simulated") AS "simulated" FROM "model" '
+                    f"WHERE {groups} GROUP BY {STUDY_GROUP}",
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=10,
+            description="simulated = the throughput is the GPU simulator's performance model (trainer device=sim)",
+        ),
+    ]
+    throughput = lay.panel(
+        "Throughput and the study point",
+        "timeseries",
+        [
+            target(
+                f'SELECT mean("samples_per_s") FROM "trainer" WHERE {trainer} {BY_TIME}, "host", "gpu" fill(null)',
+                "A",
+                alias="$tag_host GPU $tag_gpu samples/s",
+            ),
+            target(
+                f'SELECT max("point") FROM "trainer" WHERE {trainer} {BY_TIME}, "host" fill(null)',
+                "B",
+                alias="point $tag_host",
+            ),
+        ],
+        w=24,
+        unit="samples/s",
+        description="The trainers' samples_per_s; the point index each node ran (right axis)",
+    )
+    throughput["fieldConfig"]["overrides"] = [
+        {
+            "matcher": {"id": "byFrameRefID", "options": "B"},
+            "properties": [
+                {"id": "custom.axisPlacement", "value": "right"},
+                {"id": "unit", "value": "none"},
+                {"id": "custom.lineInterpolation", "value": "stepAfter"},
+            ],
+        }
+    ]
+    by_point = lay.panel(
+        "Steady throughput by point (trainer reports)",
+        "xychart",
+        [
+            target(
+                f'SELECT "point", "samples_per_s" FROM "trainer" WHERE {trainer} AND "phase" = \'steady\' '
+                'GROUP BY "host", "gpu"',
+                fmt="table",
+            )
+        ],
+        unit="samples/s",
+        description="Every steady report of the study: x the point index, y samples/s (device=sim: simulated)",
+    )
+    by_point["options"] = {"dims": {"x": "point"}, "series": [], "seriesMapping": "auto"}
+    panels += [throughput, by_point]
+    panels += [
+        lay.panel(
+            "Refused points",
+            "table",
+            [
+                target(
+                    f'SELECT "gpu", "point", "workload", "batch_size", "power_limit", "message" FROM "probe" WHERE '
+                    f'{PROBE} AND {HOST} AND "kind" = \'point_refused\' AND {TF} GROUP BY "host"',
+                    fmt="table",
+                )
+            ],
+            description="Points a node could not run, with its reason",
+        ),
+        lay.panel(
+            "Study events",
+            "table",
+            [
+                target(
+                    'SELECT "kind", "phase", "status", "gpu", "point", "batch_size", "power_limit", "power_limit_w", '
+                    f'"message" FROM "probe" WHERE {PROBE} AND {HOST} AND {TF} GROUP BY "host"',
+                    fmt="table",
+                )
+            ],
+            w=24,
+            h=9,
+        ),
+    ]
+    return dashboard(
+        "gpuprobe-study",
+        "gpuprobe / Study",
+        "One study: samples per joule and throughput per group and point, the points each node ran, refusals.",
+        panels,
+        [STUDY_VAR, STUDY_HOST_VAR],
+        time_from="now-7d",
+    )
+
+
 COLLECTOR_NOTE = """\
 **Collector health is not in InfluxDB.** The collector's self-metrics are Prometheus metrics on
 `--metrics-listen` (`gpuprobe_collector_streams_open`, `gpuprobe_collector_batches_received`,
@@ -970,6 +1109,7 @@ DASHBOARDS = {
     "acoustics.json": acoustics,
     "probe-efficiency.json": probe_efficiency,
     "health.json": health,
+    "study.json": study,
 }
 
 

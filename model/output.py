@@ -216,4 +216,5 @@ def summary_table(results: Results) -> str:
     )
     for o in results.outliers:
         rows.append(f"stands out: {o.host} gpu {o.gpu} is {o.kind}: {o.text}")
+    rows.extend(f"note: {n}" for n in results.notes)
     return "\n".join(rows)

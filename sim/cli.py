@@ -79,13 +79,14 @@ def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
 def _profiles(values: dict[str, Any], args: argparse.Namespace) -> int:
     print(
         f"{'profile':<16} {'NVML name':<26} {'memory':>9} {'TDP':>6} {'idle':>6} {'R_th':>9} {'tau':>6}"
-        f" {'slowdown':>8}  cooling"
+        f" {'slowdown':>8} {'fp16':>10} {'mem BW':>11}  cooling"
     )
     for p in PROFILES.values():
         cooling = f"{p.fan_count} fans" if p.fan_count else "passive"
         print(
             f"{p.name:<16} {p.nvml_name:<26} {p.memory_total_bytes / 2**30:>7.1f}Gi {p.limit_default_w:>5.0f}W"
-            f" {p.idle_w:>5.0f}W {p.r_th_c_per_w:>5.3f}C/W {p.tau_s:>5.0f}s {p.slowdown_c:>7d}C  {cooling}"
+            f" {p.idle_w:>5.0f}W {p.r_th_c_per_w:>5.3f}C/W {p.tau_s:>5.0f}s {p.slowdown_c:>7d}C"
+            f" {p.peak_fp16_tflops:>6.1f}TF/s {p.mem_bandwidth_gb_s:>6.0f}GB/s  {cooling}"
         )
     return 0
 
@@ -186,7 +187,7 @@ COMMANDS = [
             ),
             Option(
                 "set",
-                "override one GPU's parameter, GPU.KEY=VALUE (e.g. 3.r_th_c_per_w=0.09); repeatable",
+                "override one GPU's parameter, GPU.KEY=VALUE (e.g. 3.r_th_c_per_w=0.09, 0.virt=vgpu); repeatable",
                 multiple=True,
                 default=[],
                 metavar="GPU.KEY=VALUE",

@@ -1,10 +1,13 @@
 """GPU profiles for the simulator: real datasheet figures plus the documented thermal ground truth.
 
-Identity, memory, power limits, clocks and temperature thresholds are the figures the real parts
-report (NVIDIA datasheets and public ``nvidia-smi -q`` dumps). Idle power and the thermal RC
-parameters (``r_th_c_per_w``, ``tau_s``, ``ambient_c``) are not published by NVIDIA: they are chosen
-to be representative and are the *ground truth* the model fits are checked against
-(``docs/simulator.md`` lists them all and is checked against this table by the tests).
+Identity, memory, power limits, clocks, temperature thresholds, peak fp16 tensor throughput and
+memory bandwidth are the figures the real parts report (NVIDIA datasheets and public
+``nvidia-smi -q`` dumps). Idle power and the thermal RC parameters (``r_th_c_per_w``, ``tau_s``,
+``ambient_c``) are not published by NVIDIA: they are chosen to be representative and are the
+*ground truth* the model fits are checked against. The DVFS curve (``uncore_power_share``,
+``voltage_*``) and the achievable efficiencies are the simulator's *model* choices, calibrated in
+``gpuprobe.sim.perf`` against published training throughput (``docs/simulator.md`` lists every
+parameter and is checked against this table by the tests).
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ ARCH_HOPPER = 9
 # nvmlBrandType_t
 BRAND_TESLA = 2
 BRAND_GEFORCE = 5
+
+# nvmlGpuVirtualizationMode_t, as nvmlDeviceGetVirtualizationMode reports it
+VIRT_NONE = 0
+VIRT_PASSTHROUGH = 1
+VIRT_VGPU = 2
+VIRT_NAMES: dict[str, int] = {"none": VIRT_NONE, "passthrough": VIRT_PASSTHROUGH, "vgpu": VIRT_VGPU}
+# Throughput lost to virtualization when a GPU's virt_overhead_pct is not set (derived from its mode).
+# Published overheads: PCIe passthrough costs about 0-2 % of bare-metal training throughput, NVIDIA
+# vGPU (time-sliced, full-GPU profile) about 3-6 %; the defaults sit in those ranges.
+DEFAULT_VIRT_OVERHEAD_PCT: dict[int, float] = {VIRT_NONE: 0.0, VIRT_PASSTHROUGH: 1.0, VIRT_VGPU: 4.5}
 
 
 @dataclass(frozen=True)
@@ -64,7 +77,15 @@ class GpuProfile:
     sm_clock_base_mhz: int
     sm_clock_idle_mhz: int
     mem_clock_mhz: int
-    throttle_clock_factor: float  # clock and dynamic-power factor while thermally slowed down
+    # thermal slowdown cuts the active power (above idle) to this fraction; the SM clock is then the
+    # one the DVFS curve below gives for that power
+    throttle_clock_factor: float
+    # DVFS model (docs/simulator.md, "Clocks: the DVFS curve"): the active power at SM clock fraction x is
+    # (P(u) - P_idle) * (s + (1 - s) * x * v(x)^2), v the voltage relative to the one at the maximum clock
+    uncore_power_share: float  # s: active power that does not scale with the SM clock (memory, fabric)
+    voltage_floor: float  # v below the knee: the lowest voltage the chip runs at, relative to v(1)
+    voltage_knee: float  # the clock fraction above which the voltage has to rise with the clock
+    voltage_exponent: float  # v(x) = floor + (1 - floor) * ((x - knee) / (1 - knee)) ** exponent above it
     # cooling: fans only on fan-cooled cards; passive parts answer NOT_SUPPORTED
     fan_count: int
     fan_min_pct: int
@@ -76,6 +97,14 @@ class GpuProfile:
     pcie_gen: int
     pcie_width: int
     ecc_supported: bool
+    # performance (gpuprobe.sim.perf): datasheet peaks and the fractions of them training reaches
+    peak_fp16_tflops: float  # dense fp16/bf16 tensor throughput (fp32 accumulate), no sparsity
+    mem_bandwidth_gb_s: float  # device memory bandwidth, GB/s (10^9 B/s)
+    compute_efficiency: float  # of peak_fp16_tflops, reached by transformer training at the maximum clock
+    memory_efficiency: float  # of mem_bandwidth_gb_s, reached by training's activation and parameter traffic
+    # virtualization, per GPU: the mode nvmlDeviceGetVirtualizationMode reports and what it costs
+    virt: int = VIRT_NONE
+    virt_overhead_pct: float | None = None  # None: derived from virt (DEFAULT_VIRT_OVERHEAD_PCT)
 
     @property
     def passive(self) -> bool:
@@ -136,6 +165,14 @@ PROFILES: dict[str, GpuProfile] = {
             pcie_bytes_per_s_at_full_util=4.0e9,
             pcie_gen=4,
             pcie_width=16,
+            peak_fp16_tflops=312.0,
+            mem_bandwidth_gb_s=2039.0,
+            compute_efficiency=0.35,
+            memory_efficiency=0.8,
+            uncore_power_share=0.0,
+            voltage_floor=0.8,
+            voltage_knee=0.85,
+            voltage_exponent=6.0,
             **_DATACENTER,  # type: ignore[arg-type]
         ),
         GpuProfile(
@@ -170,6 +207,14 @@ PROFILES: dict[str, GpuProfile] = {
             pcie_bytes_per_s_at_full_util=8.0e9,
             pcie_gen=5,
             pcie_width=16,
+            peak_fp16_tflops=989.0,
+            mem_bandwidth_gb_s=3350.0,
+            compute_efficiency=0.195,
+            memory_efficiency=0.8,
+            uncore_power_share=0.08,
+            voltage_floor=0.82,
+            voltage_knee=0.85,
+            voltage_exponent=6.0,
             **_DATACENTER,  # type: ignore[arg-type]
         ),
         GpuProfile(
@@ -204,6 +249,14 @@ PROFILES: dict[str, GpuProfile] = {
             pcie_bytes_per_s_at_full_util=8.0e9,
             pcie_gen=5,
             pcie_width=16,
+            peak_fp16_tflops=989.0,
+            mem_bandwidth_gb_s=4800.0,
+            compute_efficiency=0.22,
+            memory_efficiency=0.8,
+            uncore_power_share=0.05,
+            voltage_floor=0.85,
+            voltage_knee=0.85,
+            voltage_exponent=6.0,
             **_DATACENTER,  # type: ignore[arg-type]
         ),
         GpuProfile(
@@ -238,6 +291,14 @@ PROFILES: dict[str, GpuProfile] = {
             pcie_bytes_per_s_at_full_util=2.0e9,
             pcie_gen=4,
             pcie_width=16,
+            peak_fp16_tflops=121.0,
+            mem_bandwidth_gb_s=300.0,
+            compute_efficiency=0.65,
+            memory_efficiency=0.8,
+            uncore_power_share=0.2,
+            voltage_floor=0.75,
+            voltage_knee=0.85,
+            voltage_exponent=6.0,
             **_DATACENTER,  # type: ignore[arg-type]
         ),
         GpuProfile(
@@ -279,6 +340,14 @@ PROFILES: dict[str, GpuProfile] = {
             pcie_bytes_per_s_at_full_util=4.0e9,
             pcie_gen=4,
             pcie_width=16,
+            peak_fp16_tflops=165.2,
+            mem_bandwidth_gb_s=1008.0,
+            compute_efficiency=0.55,
+            memory_efficiency=0.8,
+            uncore_power_share=0.2,
+            voltage_floor=0.95,
+            voltage_knee=0.85,
+            voltage_exponent=6.0,
             ecc_supported=False,
         ),
     ]
@@ -324,23 +393,57 @@ def parse_profile_list(spec: str, gpus: int | None, default_count: int = 1) -> l
     return result
 
 
+_FIELD_TYPES: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(GpuProfile)}
+_NOT_OVERRIDABLE = ("name", "nvml_name")
+
+
+def parse_value(key: str, raw: str) -> object:
+    """One parameter of a profile from its text (``--set GPU.KEY=VALUE``, a machine's ``sim.conf``).
+
+    ``virt`` takes a name (none, passthrough, vgpu) or NVML's number; ``virt_overhead_pct`` takes
+    ``auto`` (or ``None``) for the value derived from ``virt``. Raises ValueError for a bad value."""
+    kind = _FIELD_TYPES[key]
+    text = raw.strip()
+    if kind == "bool":
+        if text.lower() not in ("0", "1", "true", "false"):
+            raise ValueError(raw)
+        return text.lower() in ("1", "true")
+    if key == "virt":
+        mode = VIRT_NAMES[text.lower()] if text.lower() in VIRT_NAMES else int(text)
+        if mode not in VIRT_NAMES.values():
+            raise ValueError(raw)
+        return mode
+    if kind == "int":
+        return int(text)
+    if kind == "float | None":
+        if text.lower() in ("none", "auto"):
+            return None
+        value = float(text)
+        if not 0.0 <= value < 100.0:
+            raise ValueError(raw)
+        return value
+    if kind == "float":
+        return float(text)
+    return raw
+
+
 def with_overrides(profile: GpuProfile, overrides: dict[str, str]) -> GpuProfile:
-    """A copy of ``profile`` with some numeric parameters replaced (``--set 3.r_th_c_per_w=0.09``)."""
-    fields = {f.name: f for f in dataclasses.fields(GpuProfile)}
+    """A copy of ``profile`` with some parameters replaced (``--set 3.r_th_c_per_w=0.09``, ``--set 0.virt=vgpu``)."""
     changes: dict[str, object] = {}
     for key, raw in overrides.items():
-        if key not in fields or key in ("name", "nvml_name"):
-            raise UnknownProfileError(f"cannot override {key!r}; parameters: {', '.join(sorted(fields))}")
-        current = getattr(profile, key)
+        if key not in _FIELD_TYPES or key in _NOT_OVERRIDABLE:
+            raise UnknownProfileError(f"cannot override {key!r}; parameters: {', '.join(sorted(_FIELD_TYPES))}")
         try:
-            if isinstance(current, bool):
-                if raw.lower() not in ("0", "1", "true", "false"):
-                    raise ValueError(raw)
-                changes[key] = raw.lower() in ("1", "true")
-            elif isinstance(current, int):
-                changes[key] = int(raw)
-            else:
-                changes[key] = float(raw)
+            changes[key] = parse_value(key, raw)
         except ValueError:
-            raise UnknownProfileError(f"bad value {raw!r} for {key}") from None
+            hint = f" (one of {', '.join(VIRT_NAMES)}, or 0-2)" if key == "virt" else ""
+            hint = " (auto, or a percentage 0 <= pct < 100)" if key == "virt_overhead_pct" else hint
+            raise UnknownProfileError(f"bad value {raw!r} for {key}{hint}") from None
     return dataclasses.replace(profile, **changes)  # type: ignore[arg-type]
+
+
+def virt_overhead_pct(profile: GpuProfile) -> float:
+    """The throughput a GPU loses to virtualization: its own ``virt_overhead_pct``, or the mode's default."""
+    if profile.virt_overhead_pct is not None:
+        return profile.virt_overhead_pct
+    return DEFAULT_VIRT_OVERHEAD_PCT[profile.virt]

@@ -56,13 +56,17 @@ def _install_stub(state_dir: Path) -> Path:
 
 
 def open_machine(
-    state_dir: Path, profiles: Sequence[GpuProfile] | None = None, period_s: float = state.DEFAULT_PERIOD_S
+    state_dir: Path,
+    profiles: Sequence[GpuProfile] | None = None,
+    period_s: float = state.DEFAULT_PERIOD_S,
+    admin_uids: Sequence[int] = state.DEFAULT_ADMIN_UIDS,
 ) -> SimMachine:
-    """Attach to the machine in ``state_dir``, creating it from ``profiles`` if there is none yet."""
+    """Attach to the machine in ``state_dir``, creating it from ``profiles`` if there is none yet
+    (``admin_uids``: who may set its power limits, root unless given)."""
     if not (state_dir / state.CONF_NAME).exists():
         if not profiles:
             raise state.SimStateError(f"no simulated machine in {state_dir} and no profiles to create one")
-        state.create(state_dir, profiles, period_s)
+        state.create(state_dir, profiles, period_s, admin_uids=admin_uids)
     lib_dir = ensure_library()
     return SimMachine(state_dir=state_dir, lib_dir=lib_dir, bin_dir=_install_stub(state_dir))
 

@@ -3,7 +3,9 @@
 Layout (all text, so a person can read it)::
 
     sim.conf        key value lines, written once by ``create``: start_ns, period_ns, the driver
-                    version, and every parameter of every GPU as ``gpu.<index>.<key> <value>``
+                    version, the uids the simulated driver treats as privileged (``admin_uids``:
+                    only they may set power limits), and every parameter of every GPU as
+                    ``gpu.<index>.<key> <value>``
     gpu<N>.events   append-only input history of GPU N, one line per event:
                     ``<unix_ns> <kind> <value> <pid> <mem_bytes>``
                     kind U = utilization in %, L = power limit in mW, F = 1 fails the GPU
@@ -37,6 +39,8 @@ DEFAULT_PERIOD_S = 0.1
 DRIVER_VERSION = "570.133.20"
 CUDA_DRIVER_VERSION = 12080  # 12.8, as nvmlSystemGetCudaDriverVersion encodes it
 FORMAT_VERSION = 1
+# Who may set power limits, like the driver: root. Tests that run unprivileged add their own uid.
+DEFAULT_ADMIN_UIDS: tuple[int, ...] = (0,)
 
 
 class SimStateError(ServiceError, RuntimeError):
@@ -60,6 +64,7 @@ class SimSettings:
     start_ns: int
     period_ns: int
     gpus: list[SimGpu]
+    admin_uids: tuple[int, ...] = DEFAULT_ADMIN_UIDS  # effective uids allowed to set power limits
 
     def tick_start_ns(self, t_ns: int) -> int:
         """The start of the update period that contains ``t_ns``."""
@@ -84,8 +89,12 @@ def create(
     profiles: Iterable[GpuProfile],
     period_s: float = DEFAULT_PERIOD_S,
     start_ns: int | None = None,
+    admin_uids: Iterable[int] = DEFAULT_ADMIN_UIDS,
 ) -> SimSettings:
-    """Write a new simulated machine into ``state_dir`` (which must not hold one already)."""
+    """Write a new simulated machine into ``state_dir`` (which must not hold one already).
+
+    ``admin_uids`` are the effective uids the simulated driver lets set power limits (root only, as
+    the driver does, unless a test grants its own uid)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     conf_path = state_dir / CONF_NAME
     if conf_path.exists():
@@ -110,6 +119,7 @@ def create(
         start_ns=(time.time_ns() if start_ns is None else start_ns) // 1000 * 1000,
         period_ns=round(period_s * 1e6) * 1000,
         gpus=gpus,
+        admin_uids=tuple(sorted({int(uid) for uid in admin_uids})),
     )
     lines = [
         f"version {FORMAT_VERSION}",
@@ -118,6 +128,7 @@ def create(
         f"driver_version {DRIVER_VERSION}",
         f"cuda_driver_version {CUDA_DRIVER_VERSION}",
         f"gpu_count {len(gpus)}",
+        f"admin_uids {','.join(str(uid) for uid in config.admin_uids)}",
     ]
     for gpu in gpus:
         lines += [f"gpu.{gpu.index}.uuid {gpu.uuid}", f"gpu.{gpu.index}.serial {gpu.serial}"]
@@ -134,7 +145,7 @@ def create(
 
 def load(state_dir: Path) -> SimSettings:
     """Read back what ``create`` wrote."""
-    from gpuprobe.sim.profiles import PROFILES
+    from gpuprobe.sim.profiles import PROFILES, parse_value
 
     conf_path = state_dir / CONF_NAME
     try:
@@ -151,15 +162,9 @@ def load(state_dir: Path) -> SimSettings:
         base = PROFILES[values[f"gpu.{i}.name"]]
         params: dict[str, object] = {}
         for key, current in asdict(base).items():
-            raw = values[f"gpu.{i}.{key}"]
-            if isinstance(current, bool):
-                params[key] = raw == "1"
-            elif isinstance(current, int):
-                params[key] = int(raw)
-            elif isinstance(current, float):
-                params[key] = float(raw)
-            else:
-                params[key] = raw
+            raw = values.get(f"gpu.{i}.{key}")
+            # a machine written by an older gpuprobe lacks the newer parameters: the profile's values stand in
+            params[key] = current if raw is None else parse_value(key, raw)
         gpus.append(
             SimGpu(
                 index=i,
@@ -169,7 +174,13 @@ def load(state_dir: Path) -> SimSettings:
                 profile=GpuProfile(**params),  # type: ignore[arg-type]
             )
         )
-    return SimSettings(start_ns=int(values["start_ns"]), period_ns=int(values["period_ns"]), gpus=gpus)
+    admin = values.get("admin_uids", "0")  # machines of an older gpuprobe: root only
+    return SimSettings(
+        start_ns=int(values["start_ns"]),
+        period_ns=int(values["period_ns"]),
+        gpus=gpus,
+        admin_uids=tuple(int(uid) for uid in admin.split(",") if uid),
+    )
 
 
 def state_dir_from_env() -> Path | None:
@@ -200,6 +211,31 @@ def set_load(state_dir: Path, gpu_index: int, util_pct: float, pid: int = 0, mem
     if not 0 <= util_pct <= 100:
         raise SimStateError(f"utilization must be between 0 and 100 %, not {util_pct}")
     return append_event(state_dir, gpu_index, "U", round(util_pct), pid, mem_used_bytes)
+
+
+def set_load_if_holder(
+    state_dir: Path, gpu_index: int, holder_pid: int, util_pct: float, pid: int = 0, mem_used_bytes: int = 0
+) -> bool:
+    """:func:`set_load`, but only while ``holder_pid`` is the process of the GPU's latest load event
+    (checked and appended under one lock); False when another process has set a load since."""
+    if not 0 <= util_pct <= 100:
+        raise SimStateError(f"utilization must be between 0 and 100 %, not {util_pct}")
+    path = state_dir / f"gpu{gpu_index}.events"
+    if not path.exists():
+        raise SimStateError(f"simulated GPU {gpu_index} does not exist in {state_dir}")
+    with path.open("r+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        current_pid = 0
+        for line in f.read().splitlines():
+            parts = line.split()
+            if len(parts) == 5 and parts[1] == b"U":
+                current_pid = int(parts[3])
+        if current_pid != holder_pid:
+            return False
+        t_ns = time.time_ns()
+        f.write(f"{t_ns} U {round(util_pct)} {int(pid)} {int(mem_used_bytes)}\n".encode())
+        f.flush()
+        return True
 
 
 def set_failed(state_dir: Path, gpu_index: int, failed: bool) -> int:

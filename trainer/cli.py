@@ -88,6 +88,12 @@ TRAIN_OPTIONS = [
         0,
         metavar="TIME",
     ),
+    Option(
+        "plan",
+        "a study's points for this run, as JSON (set by the control plane; replaces --batch-size): "
+        '[{"index": 0, "batch_size": 64, "power_limit": "60%%", "power_limit_w": 420, "refused": ""}, ...]',
+        metavar="JSON",
+    ),
     Option("threads", "torch CPU threads (0: torch's default)", int, 0, metavar="N"),
     Option("progress_interval", "time between progress reports", parse_duration, 1.0),
     Option("seed", "random seed of weights and synthetic data", int, 0, metavar="N"),
@@ -130,6 +136,8 @@ class TextPrinter:
     def summary(self, result: dict[str, Any]) -> None:
         out = self.out
         params = f", {result['params'] / 1e6:.2f} M parameters" if result["params"] else ""
+        if result.get("device_kind") == "sim":
+            params += "; throughput SIMULATED (the simulator's performance model, not a measurement)"
         print(
             f"\n{result['workload']} ({result['size']}{params}) on {result['device']}: {result['status']}"
             + (f" - {result['message']}" if result["message"] else ""),
@@ -161,7 +169,7 @@ class JsonLines:
 
 def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.trainer import device as device_mod
-    from gpuprobe.trainer.run import Run, TrainSettings
+    from gpuprobe.trainer.run import Run, TrainSettings, parse_plan
 
     if not values["workload"]:
         print(
@@ -175,6 +183,16 @@ def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
             print("gpuprobe train: error: give either --sweep or --batch-size, not both", file=sys.stderr)
             return 2
         batch_sizes = spec.sweep[values["size"]]
+    plan: tuple[Any, ...] = ()
+    if values["plan"]:
+        if batch_sizes:
+            print("gpuprobe train: error: give either --plan or --batch-size/--sweep, not both", file=sys.stderr)
+            return 2
+        try:
+            plan = parse_plan(values["plan"])
+        except ValueError as e:
+            print(f"gpuprobe train: error: {e}", file=sys.stderr)
+            return 2
     if spec.needs_torch and not catalog.torch_available():
         print(
             f"gpuprobe train: error: {spec.name} needs torch, torchvision and transformers: "
@@ -197,6 +215,7 @@ def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
         progress_interval_s=values["progress_interval"],
         threads=values["threads"],
         seed=values["seed"],
+        plan=plan,
     )
     fmt = values["format"]
     emit = JsonLines(sys.stdout) if fmt == "jsonl" else TextPrinter(sys.stderr if fmt == "json" else sys.stdout)

@@ -12,6 +12,10 @@ This module is the one place the trainer writes that format::
      "workload": "resnet50", "kind": "phase_change", "phase": "steady", "status": "running",
      "message": ""}
 
+In a study (``--plan``) both also carry ``point`` (the study point's index), and phase changes carry
+``batch_size``, ``power_limit`` (the requested label), ``power_limit_w`` (the limit set) and
+``temp_slowdown_c``; a point the node does not run is one ``probe_event`` with kind
+``point_refused``. ``device`` (``cuda``, ``cpu``, ``sim``) says what computed the figures.
 ``gpu`` is absent on a CPU run, ``probe`` on a local run without a probe id (and ``probe_event``
 lines are sent only with a probe id); ``loss``, ``samples_per_s`` and ``step_time_s`` are absent
 when there is no value (idle phases, the idle workload, a non-finite loss). Phases are ``pending``,
@@ -51,6 +55,8 @@ def progress_line(
     loss: float | None = None,
     gpu: int | None = None,
     probe: str = "",
+    device: str = "",
+    point: int | None = None,
 ) -> dict[str, Any]:
     """One ``progress`` message (absent values are left out, never sent as null or NaN)."""
     line: dict[str, Any] = {
@@ -68,14 +74,30 @@ def progress_line(
         line["gpu"] = gpu
     if probe:
         line["probe"] = probe
+    if device:
+        line["device"] = device
+    if point is not None:
+        line["point"] = point
     return line
 
 
 def probe_event_line(
-    *, probe: str, workload: str, kind: str, phase: str, status: str, time_unix_ns: int, message: str = ""
+    *,
+    probe: str,
+    workload: str,
+    kind: str,
+    phase: str,
+    status: str,
+    time_unix_ns: int,
+    message: str = "",
+    gpu: int | None = None,
+    study: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One ``probe_event`` message: ``kind`` is start, phase_change or end."""
-    return {
+    """One ``probe_event`` message: ``kind`` is start, phase_change, end or point_refused.
+
+    ``study`` holds a study point's keys (``point``, ``batch_size``, ``power_limit``,
+    ``power_limit_w``, ``temp_slowdown_c``); absent values are left out."""
+    line: dict[str, Any] = {
         "type": "probe_event",
         "time_unix_ns": time_unix_ns,
         "probe": probe,
@@ -85,6 +107,12 @@ def probe_event_line(
         "status": status,
         "message": message[:4096],
     }
+    if gpu is not None:
+        line["gpu"] = gpu
+    for key, value in (study or {}).items():
+        if value is not None and value != "":
+            line[key] = value
+    return line
 
 
 class AgentReporter:

@@ -1,11 +1,19 @@
-"""Drives a simulated GPU's load while the trainer runs its phases.
+"""Drives a simulated GPU's load, and reports its simulated progress, while the trainer runs its phases.
 
 On a machine with simulated GPUs (``GPUPROBE_SIM_DIR`` set, see docs/simulator.md) there is no CUDA
-device to compute on: the trainer computes on the CPU for real and, in parallel, tells the simulator
-what the GPU would be doing: utilization per phase and workload, the trainer's pid as the process
-holding the GPU and a plausible memory figure. The simulated power, clocks and temperatures then
-follow the phases exactly as a real GPU's would. :meth:`SimGpuLoad.release` sets the GPU back to
-0 % with no process; the trainer calls it on every way out (end, error, SIGTERM).
+device to compute on: the trainer computes real steps of the real model on the CPU (with a small
+real batch) and, in parallel, plays the simulated GPU:
+
+- :class:`SimGpuLoad` tells the simulator what the GPU would be doing: the utilization the
+  simulator's performance model gives for the workload and batch size, the trainer's pid as the
+  process holding the GPU and a plausible memory figure. The simulated power, clocks and
+  temperatures then follow the phases as a real GPU's would. :meth:`SimGpuLoad.release` sets the GPU
+  back to 0 % with no process on every way out (end, error, SIGTERM), unless another trainer has
+  taken the GPU over since (the next workload of a study).
+- :class:`SimThroughput` is the simulated device's speed: samples/s from the performance model
+  (``gpuprobe.sim.perf``) at the SM clock the simulated GPU reports through NVML *now*, so a lower
+  power limit or a thermal slowdown slows the simulated training exactly as the clock says. The
+  trainer integrates it over wall time; that is the progress it reports, tagged ``device=sim``.
 """
 
 from __future__ import annotations
@@ -80,19 +88,62 @@ class SimGpuLoad:
         sim_state.set_load(self.state_dir, self.gpu_index, util_pct, pid, mem)
         log.debug("simulated GPU %d: %.0f %% utilization, %d bytes, pid %d", self.gpu_index, util_pct, mem, pid)
 
-    def phase(self, phase: str, mem_bytes: int) -> None:
-        """Set the load for ``phase`` (idle, warmup, steady, cooldown); ``mem_bytes`` while the model is loaded."""
-        util = {"warmup": self.workload.warmup_util_pct, "steady": self.workload.steady_util_pct}.get(phase, 0.0)
+    def phase(self, phase: str, mem_bytes: int, steady_util_pct: float | None = None) -> None:
+        """Set the load for ``phase`` (idle, warmup, steady, cooldown); ``mem_bytes`` while the model is loaded.
+
+        ``steady_util_pct`` is the performance model's utilization at the current batch size (the
+        catalog's figure when None); warm-up holds the catalog's share of it."""
+        steady = self.workload.steady_util_pct if steady_util_pct is None else steady_util_pct
+        warmup = steady * self.workload.warmup_util_pct / self.workload.steady_util_pct if steady else 0.0
+        util = {"warmup": warmup, "steady": steady}.get(phase, 0.0)
         # outside warm-up and steady the model stays resident (weights, optimizer states) but idle
         self._set(util, mem_bytes, self._pid)
         self._active = True
 
     def release(self) -> None:
-        """0 % utilization, no process, no memory: the GPU as it was before the trainer came."""
+        """0 % utilization, no process, no memory: the GPU as it was before the trainer came.
+
+        Left alone when another process holds the GPU by now: in a study the next workload's trainer
+        starts its warm-up while this one finishes its last step."""
         if not self._active:
             return
         try:
-            self._set(0.0, 0, 0)
+            released = sim_state.set_load_if_holder(self.state_dir, self.gpu_index, self._pid, 0.0, 0, 0)
+            if not released:
+                log.debug("simulated GPU %d: another process holds it now; left as it is", self.gpu_index)
         except (OSError, sim_state.SimStateError) as e:  # the machine may be gone at the very end of a test
             log.warning("could not reset simulated GPU %d: %s", self.gpu_index, e)
         self._active = False
+
+
+class SimThroughput:
+    """The simulated GPU's training speed: the performance model at the SM clock NVML reports now.
+
+    Runs in the trainer's own process, which sees the simulated NVML like every process of the
+    machine (``LD_LIBRARY_PATH`` points at the simulator's library)."""
+
+    def __init__(self, target: SimGpuTarget, workload: str, size: str) -> None:
+        from gpuprobe.agent.sensors.gpu import GpuDevice
+        from gpuprobe.sim import perf
+
+        self._perf = perf
+        self.workload = workload
+        self.size = size
+        self.profile = target.config.gpus[target.index].profile
+        self.virt_overhead_pct = perf.virt_overhead_pct(self.profile)
+        self.device = GpuDevice(target.index)
+
+    def util_pct(self, batch_size: int) -> float:
+        return float(self._perf.utilization_pct(self.profile, self.workload, self.size, batch_size))
+
+    def samples_per_s(self, batch_size: int) -> float:
+        """Samples/s of the simulated device at ``batch_size`` and the clock it runs at now."""
+        clock_mhz = self.device.sm_clock_mhz()
+        return float(
+            self._perf.samples_per_s(
+                self.profile, self.workload, self.size, batch_size, clock_mhz, self.virt_overhead_pct
+            )
+        )
+
+    def temp_slowdown_c(self) -> float | None:
+        return self.device.temp_slowdown_c()

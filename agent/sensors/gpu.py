@@ -602,3 +602,87 @@ def _static_info(index: int, handle: Any, driver_version: str) -> common_pb2.Gpu
                 e,
             )
     return info
+
+
+class NvmlCallError(ServiceError, RuntimeError):
+    """An NVML call outside the sampler failed; ``code`` is NVML's return code."""
+
+    def __init__(self, what: str, code: int) -> None:
+        super().__init__(f"{what}: {_error_name(code)}")
+        self.code = code
+
+    @property
+    def no_permission(self) -> bool:
+        return bool(self.code == pynvml.NVML_ERROR_NO_PERMISSION)
+
+    @property
+    def not_supported(self) -> bool:
+        return self.code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+class GpuDevice:
+    """One GPU for the few calls made outside the sampler: a trainer reading the SM clock of the
+    simulated GPU it plays, and the control plane reading and setting power limits. Calls block (NVML
+    is synchronous); NVML's errors become :class:`NvmlCallError`."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._call("nvmlInit", pynvml.nvmlInit)
+        self._handle = self._call(f"GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
+
+    @staticmethod
+    def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return function(*args)
+        except pynvml.NVMLError as e:
+            raise NvmlCallError(what, int(e.value)) from None
+
+    @staticmethod
+    def count() -> int:
+        GpuDevice._call("nvmlInit", pynvml.nvmlInit)
+        return int(GpuDevice._call("device count", pynvml.nvmlDeviceGetCount))
+
+    @property
+    def uuid(self) -> str:
+        return _text(self._call(f"GPU {self.index} UUID", pynvml.nvmlDeviceGetUUID, self._handle))
+
+    def sm_clock_mhz(self) -> float:
+        return float(
+            self._call(f"GPU {self.index} SM clock", pynvml.nvmlDeviceGetClockInfo, self._handle, pynvml.NVML_CLOCK_SM)
+        )
+
+    def temp_slowdown_c(self) -> float | None:
+        """The slowdown threshold, None where the GPU does not say."""
+        try:
+            return float(
+                self._call(
+                    f"GPU {self.index} slowdown threshold",
+                    pynvml.nvmlDeviceGetTemperatureThreshold,
+                    self._handle,
+                    pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+                )
+            )
+        except NvmlCallError:
+            return None
+
+    def power_limit_w(self) -> float:
+        mw = self._call(f"GPU {self.index} power limit", pynvml.nvmlDeviceGetPowerManagementLimit, self._handle)
+        return float(mw) / 1000.0
+
+    def power_limit_constraints_w(self) -> tuple[float, float]:
+        low, high = self._call(
+            f"GPU {self.index} power limit range", pynvml.nvmlDeviceGetPowerManagementLimitConstraints, self._handle
+        )
+        return float(low) / 1000.0, float(high) / 1000.0
+
+    def set_power_limit_w(self, limit_w: float) -> None:
+        self._call(
+            f"GPU {self.index} set power limit {limit_w:.0f} W",
+            pynvml.nvmlDeviceSetPowerManagementLimit,
+            self._handle,
+            round(limit_w * 1000),
+        )
+
+    def close(self) -> None:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()

@@ -86,7 +86,7 @@ class Command(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., issued_at_unix_ns: _Optional[int] = ..., expires_at_unix_ns: _Optional[int] = ..., issuer: _Optional[str] = ..., probe_start: _Optional[_Union[ProbeStart, _Mapping[str, object]]] = ..., probe_cancel: _Optional[_Union[ProbeCancel, _Mapping[str, object]]] = ...) -> None: ...
 
 class ProbeStart(_message.Message):
-    __slots__ = ("probe_id", "workload", "size", "start_at_unix_ns", "duration_s", "idle_baseline_s", "warmup_s", "cooldown_s", "batch_size", "selector", "gpu_indices")
+    __slots__ = ("probe_id", "workload", "size", "start_at_unix_ns", "duration_s", "idle_baseline_s", "warmup_s", "cooldown_s", "batch_size", "selector", "gpu_indices", "points")
     PROBE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class ProbeStart(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
     probe_id: str
     workload: str
     size: WorkloadSize
@@ -109,7 +110,26 @@ class ProbeStart(_message.Message):
     batch_size: int
     selector: NodeSelector
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, probe_id: _Optional[str] = ..., workload: _Optional[str] = ..., size: _Optional[_Union[WorkloadSize, str]] = ..., start_at_unix_ns: _Optional[int] = ..., duration_s: _Optional[float] = ..., idle_baseline_s: _Optional[float] = ..., warmup_s: _Optional[float] = ..., cooldown_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., selector: _Optional[_Union[NodeSelector, _Mapping[str, object]]] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    points: _containers.RepeatedCompositeFieldContainer[StudyPoint]
+    def __init__(self, probe_id: _Optional[str] = ..., workload: _Optional[str] = ..., size: _Optional[_Union[WorkloadSize, str]] = ..., start_at_unix_ns: _Optional[int] = ..., duration_s: _Optional[float] = ..., idle_baseline_s: _Optional[float] = ..., warmup_s: _Optional[float] = ..., cooldown_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., selector: _Optional[_Union[NodeSelector, _Mapping[str, object]]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., points: _Optional[_Iterable[_Union[StudyPoint, _Mapping[str, object]]]] = ...) -> None: ...
+
+class StudyPoint(_message.Message):
+    __slots__ = ("workload", "batch_size", "power_limit")
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    workload: str
+    batch_size: int
+    power_limit: PowerLimit
+    def __init__(self, workload: _Optional[str] = ..., batch_size: _Optional[int] = ..., power_limit: _Optional[_Union[PowerLimit, _Mapping[str, object]]] = ...) -> None: ...
+
+class PowerLimit(_message.Message):
+    __slots__ = ("percent_of_max", "watts")
+    PERCENT_OF_MAX_FIELD_NUMBER: _ClassVar[int]
+    WATTS_FIELD_NUMBER: _ClassVar[int]
+    percent_of_max: float
+    watts: float
+    def __init__(self, percent_of_max: _Optional[float] = ..., watts: _Optional[float] = ...) -> None: ...
 
 class NodeSelector(_message.Message):
     __slots__ = ("all_agents", "hosts", "clusters", "clouds", "instance_types", "regions")
@@ -227,8 +247,28 @@ class ProbeMetrics(_message.Message):
     idle_power_w: float
     def __init__(self, gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., samples_per_s: _Optional[float] = ..., energy_j: _Optional[float] = ..., j_per_sample: _Optional[float] = ..., mean_power_w: _Optional[float] = ..., peak_power_w: _Optional[float] = ..., peak_temp_c: _Optional[float] = ..., samples: _Optional[int] = ..., idle_power_w: _Optional[float] = ...) -> None: ...
 
+class PointResult(_message.Message):
+    __slots__ = ("index", "workload", "batch_size", "power_limit", "gpus", "total", "refused", "device")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    workload: str
+    batch_size: int
+    power_limit: str
+    gpus: _containers.RepeatedCompositeFieldContainer[ProbeMetrics]
+    total: ProbeMetrics
+    refused: str
+    device: str
+    def __init__(self, index: _Optional[int] = ..., workload: _Optional[str] = ..., batch_size: _Optional[int] = ..., power_limit: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[ProbeMetrics, _Mapping[str, object]]]] = ..., total: _Optional[_Union[ProbeMetrics, _Mapping[str, object]]] = ..., refused: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
 class ProbeResult(_message.Message):
-    __slots__ = ("probe_id", "host", "status", "message", "workload", "size", "batch_size", "started_unix_ns", "ended_unix_ns", "steady_start_unix_ns", "steady_end_unix_ns", "gpus", "total")
+    __slots__ = ("probe_id", "host", "status", "message", "workload", "size", "batch_size", "started_unix_ns", "ended_unix_ns", "steady_start_unix_ns", "steady_end_unix_ns", "gpus", "total", "points")
     PROBE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +282,7 @@ class ProbeResult(_message.Message):
     STEADY_END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
     probe_id: str
     host: str
     status: _common_pb2.ProbeStatus
@@ -255,4 +296,5 @@ class ProbeResult(_message.Message):
     steady_end_unix_ns: int
     gpus: _containers.RepeatedCompositeFieldContainer[ProbeMetrics]
     total: ProbeMetrics
-    def __init__(self, probe_id: _Optional[str] = ..., host: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.ProbeStatus, str]] = ..., message: _Optional[str] = ..., workload: _Optional[str] = ..., size: _Optional[_Union[WorkloadSize, str]] = ..., batch_size: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ..., steady_start_unix_ns: _Optional[int] = ..., steady_end_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[ProbeMetrics, _Mapping[str, object]]]] = ..., total: _Optional[_Union[ProbeMetrics, _Mapping[str, object]]] = ...) -> None: ...
+    points: _containers.RepeatedCompositeFieldContainer[PointResult]
+    def __init__(self, probe_id: _Optional[str] = ..., host: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.ProbeStatus, str]] = ..., message: _Optional[str] = ..., workload: _Optional[str] = ..., size: _Optional[_Union[WorkloadSize, str]] = ..., batch_size: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ..., steady_start_unix_ns: _Optional[int] = ..., steady_end_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[ProbeMetrics, _Mapping[str, object]]]] = ..., total: _Optional[_Union[ProbeMetrics, _Mapping[str, object]]] = ..., points: _Optional[_Iterable[_Union[PointResult, _Mapping[str, object]]]] = ...) -> None: ...

@@ -14,12 +14,20 @@ class AcousticSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACOUSTIC_SOURCE_MIC: _ClassVar[AcousticSource]
     ACOUSTIC_SOURCE_PROXY: _ClassVar[AcousticSource]
 
+class TrainerDevice(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRAINER_DEVICE_UNSPECIFIED: _ClassVar[TrainerDevice]
+    TRAINER_DEVICE_CUDA: _ClassVar[TrainerDevice]
+    TRAINER_DEVICE_CPU: _ClassVar[TrainerDevice]
+    TRAINER_DEVICE_SIM: _ClassVar[TrainerDevice]
+
 class ProbeEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PROBE_EVENT_KIND_UNSPECIFIED: _ClassVar[ProbeEventKind]
     PROBE_EVENT_KIND_START: _ClassVar[ProbeEventKind]
     PROBE_EVENT_KIND_PHASE_CHANGE: _ClassVar[ProbeEventKind]
     PROBE_EVENT_KIND_END: _ClassVar[ProbeEventKind]
+    PROBE_EVENT_KIND_POINT_REFUSED: _ClassVar[ProbeEventKind]
 
 class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -33,10 +41,15 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 ACOUSTIC_SOURCE_UNSPECIFIED: AcousticSource
 ACOUSTIC_SOURCE_MIC: AcousticSource
 ACOUSTIC_SOURCE_PROXY: AcousticSource
+TRAINER_DEVICE_UNSPECIFIED: TrainerDevice
+TRAINER_DEVICE_CUDA: TrainerDevice
+TRAINER_DEVICE_CPU: TrainerDevice
+TRAINER_DEVICE_SIM: TrainerDevice
 PROBE_EVENT_KIND_UNSPECIFIED: ProbeEventKind
 PROBE_EVENT_KIND_START: ProbeEventKind
 PROBE_EVENT_KIND_PHASE_CHANGE: ProbeEventKind
 PROBE_EVENT_KIND_END: ProbeEventKind
+PROBE_EVENT_KIND_POINT_REFUSED: ProbeEventKind
 REJECT_REASON_UNSPECIFIED: RejectReason
 REJECT_REASON_NON_FINITE_VALUE: RejectReason
 REJECT_REASON_INVALID_STRING: RejectReason
@@ -223,7 +236,7 @@ class AcousticSample(_message.Message):
     def __init__(self, time_unix_ns: _Optional[int] = ..., source: _Optional[_Union[AcousticSource, str]] = ..., gpu_index: _Optional[int] = ..., laeq_db: _Optional[float] = ..., laf_db: _Optional[float] = ..., est_dba: _Optional[float] = ..., tdp_flag: _Optional[bool] = ...) -> None: ...
 
 class TrainerSample(_message.Message):
-    __slots__ = ("time_unix_ns", "probe_id", "workload", "gpu_index", "step", "samples_per_s", "step_time_s", "loss", "batch_size", "phase")
+    __slots__ = ("time_unix_ns", "probe_id", "workload", "gpu_index", "step", "samples_per_s", "step_time_s", "loss", "batch_size", "phase", "device", "point")
     TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     PROBE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +247,8 @@ class TrainerSample(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    POINT_FIELD_NUMBER: _ClassVar[int]
     time_unix_ns: int
     probe_id: str
     workload: str
@@ -244,10 +259,12 @@ class TrainerSample(_message.Message):
     loss: float
     batch_size: int
     phase: _common_pb2.ProbePhase
-    def __init__(self, time_unix_ns: _Optional[int] = ..., probe_id: _Optional[str] = ..., workload: _Optional[str] = ..., gpu_index: _Optional[int] = ..., step: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., batch_size: _Optional[int] = ..., phase: _Optional[_Union[_common_pb2.ProbePhase, str]] = ...) -> None: ...
+    device: TrainerDevice
+    point: int
+    def __init__(self, time_unix_ns: _Optional[int] = ..., probe_id: _Optional[str] = ..., workload: _Optional[str] = ..., gpu_index: _Optional[int] = ..., step: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., batch_size: _Optional[int] = ..., phase: _Optional[_Union[_common_pb2.ProbePhase, str]] = ..., device: _Optional[_Union[TrainerDevice, str]] = ..., point: _Optional[int] = ...) -> None: ...
 
 class ProbeEvent(_message.Message):
-    __slots__ = ("time_unix_ns", "probe_id", "workload", "kind", "phase", "status", "message")
+    __slots__ = ("time_unix_ns", "probe_id", "workload", "kind", "phase", "status", "message", "gpu_index", "point", "batch_size", "power_limit", "power_limit_w", "temp_slowdown_c")
     TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     PROBE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +272,12 @@ class ProbeEvent(_message.Message):
     PHASE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    POINT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    TEMP_SLOWDOWN_C_FIELD_NUMBER: _ClassVar[int]
     time_unix_ns: int
     probe_id: str
     workload: str
@@ -262,7 +285,13 @@ class ProbeEvent(_message.Message):
     phase: _common_pb2.ProbePhase
     status: _common_pb2.ProbeStatus
     message: str
-    def __init__(self, time_unix_ns: _Optional[int] = ..., probe_id: _Optional[str] = ..., workload: _Optional[str] = ..., kind: _Optional[_Union[ProbeEventKind, str]] = ..., phase: _Optional[_Union[_common_pb2.ProbePhase, str]] = ..., status: _Optional[_Union[_common_pb2.ProbeStatus, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    gpu_index: int
+    point: int
+    batch_size: int
+    power_limit: str
+    power_limit_w: float
+    temp_slowdown_c: float
+    def __init__(self, time_unix_ns: _Optional[int] = ..., probe_id: _Optional[str] = ..., workload: _Optional[str] = ..., kind: _Optional[_Union[ProbeEventKind, str]] = ..., phase: _Optional[_Union[_common_pb2.ProbePhase, str]] = ..., status: _Optional[_Union[_common_pb2.ProbeStatus, str]] = ..., message: _Optional[str] = ..., gpu_index: _Optional[int] = ..., point: _Optional[int] = ..., batch_size: _Optional[int] = ..., power_limit: _Optional[str] = ..., power_limit_w: _Optional[float] = ..., temp_slowdown_c: _Optional[float] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("durable_seq", "rejections")

@@ -7,8 +7,10 @@
  * computed in fixed ticks of period_ns from start_ns, so every process sees the same values:
  *
  *   inputs of tick k     the latest events with t <= t_k (utilization, power limit, failure)
- *   power during tick k  P_k = min(idle + (peak - idle) * u / 100, limit), dynamic part scaled
+ *   power during tick k  P_k = min(idle + (peak - idle) * u / 100, limit), active part scaled
  *                        by throttle_clock_factor while thermally slowed down
+ *   SM clock             the clock at which the DVFS curve draws P_k: the maximum clock when
+ *                        nothing holds the power down, else solved by bisection (see sm_clock_fraction)
  *   energy at t_k        E_k = sum_{j<k} P_j * period            (the NVML counter, mJ)
  *   temperature          T_{k+1} = T_ss + (T_k - T_ss) * exp(-period / tau), T_ss = T_amb + R * P_k
  *                        (the exact solution of C dT/dt = P - (T - T_amb)/R over one tick)
@@ -85,11 +87,13 @@ typedef struct sim_gpu {
     int shutdown_c, slowdown_c, gpu_max_c, mem_max_c;
     unsigned sm_clock_max_mhz, sm_clock_base_mhz, sm_clock_idle_mhz, mem_clock_mhz;
     double throttle_clock_factor;
+    double uncore_power_share, voltage_floor, voltage_knee, voltage_exponent; /* the DVFS curve */
     unsigned fan_count, fan_min_pct;
     double fan_t_low_c, fan_t_high_c;
     double mem_util_per_util, pcie_bytes_per_s_full;
     unsigned pcie_gen, pcie_width;
     int ecc_supported;
+    int virt; /* nvmlGpuVirtualizationMode_t */
     /* event history */
     char events_path[4096];
     off_t events_read;
@@ -121,6 +125,9 @@ static unsigned g_gpu_count;
 static int64_t g_start_ns, g_period_ns;
 static char g_driver_version[80];
 static int g_cuda_driver_version;
+#define MAX_ADMIN_UIDS 16
+static uid_t g_admin_uids[MAX_ADMIN_UIDS]; /* who may set power limits (sim.conf admin_uids): root */
+static unsigned g_admin_count;
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -154,12 +161,51 @@ static void set_param(sim_gpu *g, const char *key, const char *v) {
     DBL(fan_t_low_c, "fan_t_low_c") DBL(fan_t_high_c, "fan_t_high_c")
     DBL(mem_util_per_util, "mem_util_per_util") DBL(pcie_bytes_per_s_full, "pcie_bytes_per_s_at_full_util")
     UINT(pcie_gen, "pcie_gen") UINT(pcie_width, "pcie_width") INT(ecc_supported, "ecc_supported")
+    DBL(uncore_power_share, "uncore_power_share") DBL(voltage_floor, "voltage_floor")
+    DBL(voltage_knee, "voltage_knee") DBL(voltage_exponent, "voltage_exponent")
+    INT(virt, "virt")
     /* unknown keys (the profile's own name, ...) are ignored */
 #undef STR
 #undef UINT
 #undef ULL
 #undef INT
 #undef DBL
+}
+
+/*
+ * The DVFS curve (docs/simulator.md, "Clocks: the DVFS curve"; gpuprobe.sim.perf mirrors it operation for
+ * operation). At SM clock fraction x = f / f_max the active power (above idle) is the one at the
+ * maximum clock times
+ *     a(x) = s + (1 - s) * x * v(x)^2
+ * where s is the share that does not follow the SM clock (memory, fabric) and v the voltage relative
+ * to the one at f_max: flat at the floor up to the knee, then rising to 1 ever more steeply. Dynamic
+ * power grows faster than the clock near the top, linearly below the knee.
+ */
+static double dvfs_voltage(const sim_gpu *g, double x) {
+    if (x <= g->voltage_knee) return g->voltage_floor;
+    double t = (x - g->voltage_knee) / (1.0 - g->voltage_knee);
+    return g->voltage_floor + (1.0 - g->voltage_floor) * pow(t, g->voltage_exponent);
+}
+
+static double active_power_fraction(const sim_gpu *g, double x) {
+    double v = dvfs_voltage(g, x);
+    return g->uncore_power_share + (1.0 - g->uncore_power_share) * x * v * v;
+}
+
+#define CLOCK_BISECTIONS 60
+
+/* The clock fraction at which the active power is `target` of the one at the maximum clock
+ * (a(x) = target; a rises with x), never below the idle clock. */
+static double sm_clock_fraction(const sim_gpu *g, double target) {
+    double lo = (double)g->sm_clock_idle_mhz / (double)g->sm_clock_max_mhz, hi = 1.0;
+    if (active_power_fraction(g, lo) >= target) return lo;
+    if (target >= 1.0) return 1.0;
+    for (int i = 0; i < CLOCK_BISECTIONS; i++) {
+        double mid = 0.5 * (lo + hi);
+        if (active_power_fraction(g, mid) < target) lo = mid;
+        else hi = mid;
+    }
+    return 0.5 * (lo + hi);
 }
 
 static double power_of(const sim_gpu *g, unsigned util, double limit_w, int slowed) {
@@ -195,7 +241,11 @@ static int load_config(void) {
     if (!f) return NVML_ERROR_DRIVER_NOT_LOADED;
     char line[1024];
     unsigned count = 0;
+    static int has_dvfs[MAX_GPUS];
+    memset(has_dvfs, 0, sizeof has_dvfs);
     memset(g_gpus, 0, sizeof g_gpus);
+    g_admin_uids[0] = 0; /* root, unless sim.conf says who */
+    g_admin_count = 1;
     g_start_ns = g_period_ns = 0;
     snprintf(g_driver_version, sizeof g_driver_version, "0.0");
     while (fgets(line, sizeof line, f)) {
@@ -208,16 +258,32 @@ static int load_config(void) {
         char sub[128];
         if (sscanf(key, "gpu.%u.%127s", &idx, sub) == 2) {
             if (idx < MAX_GPUS) set_param(&g_gpus[idx], sub, val);
+            if (idx < MAX_GPUS && !strcmp(sub, "voltage_knee")) has_dvfs[idx] = 1;
         } else if (!strcmp(key, "start_ns")) g_start_ns = strtoll(val, NULL, 10);
         else if (!strcmp(key, "period_ns")) g_period_ns = strtoll(val, NULL, 10);
         else if (!strcmp(key, "gpu_count")) count = (unsigned)strtoul(val, NULL, 10);
         else if (!strcmp(key, "driver_version")) snprintf(g_driver_version, sizeof g_driver_version, "%s", val);
         else if (!strcmp(key, "cuda_driver_version")) g_cuda_driver_version = atoi(val);
+        else if (!strcmp(key, "admin_uids")) {
+            g_admin_count = 0;
+            for (char *p = (char *)val, *end; *p && g_admin_count < MAX_ADMIN_UIDS; p = *end ? end + 1 : end) {
+                unsigned long uid = strtoul(p, &end, 10);
+                if (end == p) break;
+                g_admin_uids[g_admin_count++] = (uid_t)uid;
+            }
+        }
     }
     fclose(f);
     if (count == 0 || count > MAX_GPUS || g_period_ns <= 0) return NVML_ERROR_DRIVER_NOT_LOADED;
     for (unsigned i = 0; i < count; i++) {
         sim_gpu *g = &g_gpus[i];
+        if (!has_dvfs[i]) {
+            /* written by an older gpuprobe: power linear in the clock, as it was then */
+            g->uncore_power_share = 0.0;
+            g->voltage_floor = 1.0;
+            g->voltage_knee = 0.0;
+            g->voltage_exponent = 1.0;
+        }
         g->index = i;
         snprintf(g->events_path, sizeof g->events_path, "%s/gpu%u.events", dir, i);
         reset_state(g);
@@ -297,23 +363,21 @@ static void begin_tick(sim_gpu *g, int64_t k) {
     double wanted = g->idle_w + (demand - g->idle_w) * thermal;
     g->power_w = power_of(g, g->util, g->limit_w, g->slowed);
     g->reasons = 0;
-    double clock_factor = 1.0;
+    double clock_fraction = 1.0;
     if (g->util == 0) {
         g->reasons |= REASON_GPU_IDLE;
     } else {
-        /* the clock scales with the dynamic power actually drawn; the power cap is a reason only
-         * while it is what holds the power down */
-        clock_factor = thermal;
-        if (wanted > g->limit_w + 1e-9) {
-            g->reasons |= REASON_SW_POWER_CAP;
-            clock_factor = (g->power_w - g->idle_w) / (demand - g->idle_w);
-        }
+        /* the power cap is a reason only while it is what holds the power down */
+        int capped = wanted > g->limit_w + 1e-9;
+        if (capped) g->reasons |= REASON_SW_POWER_CAP;
         if (g->slowed) g->reasons |= REASON_HW_SLOWDOWN | REASON_HW_THERMAL;
+        /* the clock at which the DVFS curve draws exactly the power drawn */
+        if (capped || g->slowed) clock_fraction = sm_clock_fraction(g, (g->power_w - g->idle_w) / (demand - g->idle_w));
     }
     if (g->util == 0) {
         g->sm_mhz = g->sm_clock_idle_mhz;
     } else {
-        double mhz = g->sm_clock_max_mhz * clock_factor;
+        double mhz = g->sm_clock_max_mhz * clock_fraction;
         g->sm_mhz = mhz < g->sm_clock_idle_mhz ? g->sm_clock_idle_mhz : (unsigned)(mhz + 0.5);
     }
     sim_hist *h = &g->hist[k % HISTORY];
@@ -605,7 +669,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, int *mode) { 
 EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
 EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
-EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = g->virt; DONE }
 EXPORT nvmlReturn_t nvmlDeviceGetMultiGpuBoard(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
 EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *cur, unsigned int *pending) {
@@ -706,9 +770,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t de
     *max_mw = (unsigned)(g->limit_max_w * 1000.0 + 0.5);
     DONE
 }
-/* Takes effect at the next update boundary, in every process (it is an event in the GPU's history). */
+static int privileged(void) {
+    uid_t me = geteuid();
+    for (unsigned i = 0; i < g_admin_count; i++)
+        if (g_admin_uids[i] == me) return 1;
+    return 0;
+}
+
+/* Takes effect at the next update boundary, in every process (it is an event in the GPU's history).
+ * Like the driver, only root may set it (or a uid sim.conf's admin_uids grants it to, for tests run
+ * unprivileged): any other effective uid gets NO_PERMISSION, whatever the value. */
 EXPORT nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t dev, unsigned int mw) {
     BEGIN(dev)
+    if (!privileged()) FAIL(NVML_ERROR_NO_PERMISSION);
     if (mw < (unsigned)(g->limit_min_w * 1000.0 + 0.5) || mw > (unsigned)(g->limit_max_w * 1000.0 + 0.5))
         FAIL(NVML_ERROR_INVALID_ARGUMENT);
     rc_ = append_event(g, 'L', mw);

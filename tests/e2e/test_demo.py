@@ -33,7 +33,7 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
     workdirs_before = set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*"))
     processes_before = demo_processes()
     out = tmp_path / "report"
-    phases = ["--idle", "8", "--steady", "30", "--cooldown", "20", "--start-in", "30"]
+    phases = ["--idle", "8", "--steady", "30", "--cooldown", "20", "--start-in", "30", "--study-steady", "10"]
     result = subprocess.run(
         [sys.executable, "-m", "gpuprobe", "demo", "--out", str(out), *phases],
         capture_output=True,
@@ -44,7 +44,7 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
     # progress while it runs, then the results and the summary table
     assert "both agents are online" in result.stderr
     assert "node-a" in result.stdout and "node-b" in result.stdout
-    summary = result.stdout[result.stdout.index("R_th") :]
+    summary = result.stdout[result.stdout.index("R_th") : result.stdout.index("\nreport: ")]
     gpu_rows = [line for line in summary.splitlines() if line.startswith(("node-a ", "node-b ")) and "all" not in line]
     assert len(gpu_rows) == 8
     report_line = next(line for line in result.stdout.splitlines() if line.startswith("report: "))
@@ -59,6 +59,24 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
         if gpu["model"] in truth:
             r_th = gpu["thermal"]["rc"]["r_th_c_per_w"]
             assert abs(r_th - truth[gpu["model"]]) / truth[gpu["model"]] < 0.1, (gpu["model"], r_th)
+
+    # the small study: full-size ResNet-50 on the simulated H100 and A100 (GPU 0 of each node) shows the
+    # published per-GPU figures (Lambda, PyTorch fp16: H100 SXM 2616 img/s, A100 80GB SXM 1582 img/s at
+    # 700 W and 400 W, so about 0.27 and 0.25 J per image), labelled simulated
+    assert "SIMULATED" in result.stderr and "simulated" in result.stdout.lower()
+    study = json.loads((out / "study.json").read_text())
+    assert study["simulated"] is True and (out / "study.html").exists()
+    published = {"NVIDIA H100 80GB HBM3": (2616.0, 700.0 / 2616), "NVIDIA A100-SXM4-80GB": (1582.0, 400.0 / 1582)}
+    for model, (img_per_s, j_per_img) in published.items():
+        group = next(
+            g
+            for g in study["groups"]
+            if g["key"]["gpu_model"] == model and g["key"]["batch_size"] == 256 and g["key"]["power_limit"] == "100%"
+        )
+        assert group["simulated"] and group["throughput_source"] == "simulated"
+        assert group["samples_per_s"] == pytest.approx(img_per_s, rel=0.15), (model, group)
+        assert group["j_per_sample"] == pytest.approx(j_per_img, rel=0.25), (model, group)
+        assert model.split()[1] in result.stdout  # the terminal table names both GPU models
 
     png = tmp_path / "report.png"
     shot = screenshot(html, png)

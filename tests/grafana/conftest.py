@@ -1,5 +1,6 @@
 """Fixtures of the dashboard tests: the same simulated probe and model run as tests/model (generated once
-per session by whichever directory asks first; ``simprobe`` lives in tests/model)."""
+per session by whichever directory asks first; ``simprobe`` lives in tests/model), and for the study
+dashboard the synthetic study of tests/study (``study_synthetic``) with its report's `model` points."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "model"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "study"))
 
 from simprobe import ProbeRun, shared_probe, shared_report
+from study_synthetic import StudyRun, write_study
 
 from gpuprobe.devservices import InfluxDBServer
 
@@ -27,3 +30,17 @@ def modelled_probe(probe_run: ProbeRun, tmp_path_factory: pytest.TempPathFactory
     report: Any = shared_report(probe_run, tmp_path_factory)
     assert report.model_points_written > 0
     return probe_run
+
+
+@pytest.fixture(scope="session")
+def reported_study(influxdb_server: InfluxDBServer) -> StudyRun:
+    """The synthetic study with the `model` points (kind=study) of `gpuprobe.study.run` (the study dashboard
+    reads them)."""
+    from gpuprobe.influx.settings import InfluxSettings
+    from gpuprobe.study import ReportSettings, run
+
+    influxdb_server.start()
+    study = write_study(influxdb_server)
+    outcome = run(ReportSettings(study=study.study, influx=InfluxSettings(url=influxdb_server.url, database=study.db)))
+    assert outcome.model_points_written > 0
+    return study

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from simprobe import ProbeRun
+from study_synthetic import H100, L4, StudyRun
 
 from gpuprobe.devservices import InfluxDBError
 from gpuprobe.model import grafana
@@ -76,7 +77,9 @@ def non_empty(series: list[Any]) -> bool:
     return False
 
 
-def variable_combinations(dashboard: dict[str, Any], run: ProbeRun, time_filter: str) -> list[dict[str, list[str]]]:
+def variable_combinations(
+    dashboard: dict[str, Any], run: ProbeRun | StudyRun, time_filter: str
+) -> list[dict[str, list[str]]]:
     """Every choice Grafana allows that matters: multi-value variables get all their values (All),
     single-value ones each of their values in turn."""
     options: list[list[tuple[str, list[str]]]] = []
@@ -94,10 +97,14 @@ def variable_combinations(dashboard: dict[str, Any], run: ProbeRun, time_filter:
     return [dict(combo) for combo in itertools.product(*options)]
 
 
+# the dashboards of one study read its report's `model` points (kind=study), which the simulated probe has not
+DATA = {"study.json": "reported_study"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(grafana.DASHBOARDS))
-def test_every_panel_query_returns_data(name: str, modelled_probe: ProbeRun) -> None:
-    run = modelled_probe
+def test_every_panel_query_returns_data(name: str, request: pytest.FixtureRequest) -> None:
+    run: ProbeRun | StudyRun = request.getfixturevalue(DATA.get(name, "modelled_probe"))
     dashboard = load_dashboards()[name]
     from_ms, to_ms = run.start_ns // 10**6 - 60_000, run.end_ns // 10**6 + 60_000
     time_filter = f"time >= {from_ms}ms and time <= {to_ms}ms"
@@ -133,6 +140,7 @@ def test_dashboards_follow_the_query_conventions() -> None:
         "gpuprobe-acoustics",
         "gpuprobe-probe-efficiency",
         "gpuprobe-health",
+        "gpuprobe-study",
     }
     for name, d in dashboards.items():
         variables = {v["name"] for v in d["templating"]["list"]}
@@ -167,3 +175,38 @@ def test_provisioning_points_grafana_at_influxql_and_the_dashboards() -> None:
     provider = (PROVISIONING / "dashboards" / "gpuprobe.yaml").read_text()
     assert re.search(r"^\s+type: file$", provider, re.M)
     assert re.search(r"^\s+path: /\S+$", provider, re.M)
+
+
+def test_the_study_dashboard_shows_each_group_of_the_report(reported_study: StudyRun) -> None:
+    """The study dashboard's bar gauges give every group of the report (kind=study `model` points) its
+    samples/J and samples/s, and its trainer panels the study's points."""
+    run = reported_study
+    dashboard = load_dashboards()["study.json"]
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["probe", "host"]
+    time_filter = f"time >= {run.start_ns // 10**6 - 60_000}ms and time <= {run.end_ns // 10**6 + 60_000}ms"
+    (values,) = variable_combinations(dashboard, run, time_filter)
+    assert values == {"probe": [run.study], "host": ["node-a", "node-b"]}
+    panels = {p["title"]: p for p in panels_of(dashboard)}
+
+    def answer(title: str) -> list[Any]:
+        (t,) = panels[title]["targets"]
+        return run.server.query(run.db, substitute(t["query"], values, time_filter))
+
+    per_joule = {
+        (s.tags["gpu_model"], s.tags["virt"], s.tags["batch_size"], s.tags["power_limit"]): s.values[0][1]
+        for s in answer("Samples per joule per group (gpuprobe study report)")
+    }
+    assert len(per_joule) == 11  # the group of the refused point has no samples/J
+    assert per_joule[(H100, "bare_metal", "128", "60%")] == pytest.approx(3.0, rel=0.005)
+    assert per_joule[(L4, "vgpu", "64", "60%")] == pytest.approx(250 / 43, rel=0.005)
+    rates = {
+        (s.tags["gpu_model"], s.tags["virt"], s.tags["batch_size"], s.tags["power_limit"]): s.values[0][1]
+        for s in answer("Throughput per GPU per group (gpuprobe study report)")
+    }
+    assert rates[(H100, "vgpu", "128", "")] == pytest.approx(1260.0)
+    table = answer("Groups (gpuprobe study report)")
+    assert len(table) == 12 and "simulated" in table[0].columns
+    by_point = answer("Steady throughput by point (trainer reports)")
+    assert {row[1] for s in by_point for row in s.values} == {0, 1, 2, 3}
+    refused = answer("Refused points")
+    assert [s.tags["host"] for s in refused] == ["node-b"] and refused[0].rows()[0]["point"] == 3

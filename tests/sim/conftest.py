@@ -144,16 +144,18 @@ class Sim:
         start_ns: int | None = None,
         **overrides: object,
     ) -> SimMachine:
-        """A new machine; ``overrides`` (e.g. ``tau_s=1.0``) apply to every GPU's profile."""
+        """A new machine; ``overrides`` (e.g. ``tau_s=1.0``) apply to every GPU's profile. The user running
+        the tests may set its power limits even when not root (the simulated driver allows root only)."""
         if isinstance(profiles, str):
             profiles = [PROFILES[profiles]] * gpus
         changes = {k: str(v) for k, v in overrides.items()}
         profiles = [with_overrides(p, changes) if changes else p for p in profiles]
         self._count += 1
         state_dir = self.root / f"sim{self._count}"
+        admin_uids = (0, os.geteuid())
         if start_ns is not None:
-            state.create(state_dir, profiles, period_s, start_ns=start_ns)
-        return open_machine(state_dir, profiles, period_s)
+            state.create(state_dir, profiles, period_s, start_ns=start_ns, admin_uids=admin_uids)
+        return open_machine(state_dir, profiles, period_s, admin_uids=admin_uids)
 
     def script(self, code: str) -> str:
         """The full child script for a snippet (for commands that run it themselves)."""

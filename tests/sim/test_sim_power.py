@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from gpuprobe.sim import perf
 from gpuprobe.sim.profiles import PROFILES
 
 H100 = PROFILES["H100-SXM5-80GB"]
@@ -44,12 +45,16 @@ def test_lower_power_limit_caps_power_and_clocks(sim):
     # full load on an H100 wants 760 W: capped at its 700 W default limit
     assert before["power_instant_mw"] == 700_000 and before["limit_mw"] == 700_000
     assert before["reasons"] == SW_POWER_CAP
-    # at 400 W the power sits at the limit and the SM clock drops in proportion to dynamic power
+    # at 400 W the power sits at the limit and the SM clock drops to where the DVFS curve draws 400 W:
+    # less than in proportion to the active power, since the voltage falls with the clock
     assert after["limit_mw"] == 400_000
     assert after["power_instant_mw"] == 400_000
     assert after["reasons"] & SW_POWER_CAP
-    want_mhz = round(H100.sm_clock_max_mhz * (400 - H100.idle_w) / (H100.peak_demand_w - H100.idle_w))
+    want_mhz = perf.steady_state(H100, 100, 400).sm_clock_mhz
+    linear_mhz = round(H100.sm_clock_max_mhz * (400 - H100.idle_w) / (H100.peak_demand_w - H100.idle_w))
     assert after["sm_mhz"] == want_mhz < before["sm_mhz"]
+    assert want_mhz > linear_mhz
+    assert before["sm_mhz"] == perf.steady_state(H100, 100).sm_clock_mhz
     assert after["util"] == 100  # still fully busy, just slower
     assert r["fields"] == {"187": 200_000, "188": 700_000, "189": 700_000, "190": 400_000, "ts": r["fields"]["ts"]}
     # values outside the constraints are refused and change nothing

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from gpuprobe.sim import perf
 from gpuprobe.sim.profiles import PROFILES
 
 H100 = PROFILES["H100-SXM5-80GB"]
@@ -115,9 +116,11 @@ def test_power_cap_then_thermal_slowdown(cli, sim):
     capped = [s for s in loaded if not s["reasons"] & SLOWDOWN]
     slowed = [s for s in loaded if s["reasons"] & SLOWDOWN]
     assert capped and slowed, [s["temp_c"] for s in loaded]
-    cap_mhz = round(H100.sm_clock_max_mhz * (H100.limit_default_w - H100.idle_w) / (H100.peak_demand_w - H100.idle_w))
+    # the clocks come from the DVFS curve (gpuprobe.sim.perf mirrors the C physics exactly)
+    cap_mhz = perf.tick(H100, 100).sm_clock_mhz
+    slowed_state = perf.tick(H100, 100, slowed=True)
     for s in capped:
-        # demand (760 W) above the 700 W limit: power at the limit, clocks scaled down to fit
+        # demand (760 W) above the 700 W limit: power at the limit, clocks down to where it draws that
         assert s["temp_c"] <= H100.slowdown_c
         assert s["reasons"] == SW_POWER_CAP
         assert s["power_instant_mw"] == 700_000
@@ -127,9 +130,11 @@ def test_power_cap_then_thermal_slowdown(cli, sim):
     assert loaded[first]["temp_c"] >= H100.slowdown_c
     assert all(s["reasons"] & SLOWDOWN == SLOWDOWN for s in loaded[first:])
     slowed_w = H100.idle_w + (H100.peak_demand_w - H100.idle_w) * H100.throttle_clock_factor
+    assert slowed_state.power_w == slowed_w
     for s in slowed:
         assert s["temp_c"] >= H100.slowdown_c
-        assert s["sm_mhz"] == round(H100.sm_clock_max_mhz * H100.throttle_clock_factor) < cap_mhz
+        # the active power cut to throttle_clock_factor, at the clock where the DVFS curve draws that
+        assert s["sm_mhz"] == slowed_state.sm_clock_mhz < cap_mhz
         assert s["power_instant_mw"] == round(slowed_w * 1000)
         # below the power limit now, so the power cap is not what holds the clocks down
         assert s["power_instant_mw"] < s["limit_mw"]
@@ -170,7 +175,7 @@ def test_slowdown_hysteresis(sim):
         if slowed:
             assert temp >= slow - 3  # stays slowed until below slowdown - 3
             assert mw == round(p_slow * 1000)
-            assert mhz == round(H100.sm_clock_max_mhz * H100.throttle_clock_factor)
+            assert mhz == perf.tick(H100, 100, slowed=True).sm_clock_mhz
         else:
             assert temp <= slow  # a tick that starts at the threshold is slowed
     for i in on:
