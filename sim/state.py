@@ -39,6 +39,14 @@ DEFAULT_PERIOD_S = 0.1
 DRIVER_VERSION = "570.133.20"
 CUDA_DRIVER_VERSION = 12080  # 12.8, as nvmlSystemGetCudaDriverVersion encodes it
 FORMAT_VERSION = 1
+# The DVFS parameters that make the clock linear in the active power: the law of machines written
+# before the curve existed (sim/native/nvml_sim.c applies the same to a sim.conf without them).
+LEGACY_LINEAR_DVFS: dict[str, float] = {
+    "uncore_power_share": 0.0,
+    "voltage_floor": 1.0,
+    "voltage_knee": 0.0,
+    "voltage_exponent": 1.0,
+}
 # Who may set power limits, like the driver: root. Tests that run unprivileged add their own uid.
 DEFAULT_ADMIN_UIDS: tuple[int, ...] = (0,)
 
@@ -165,6 +173,10 @@ def load(state_dir: Path) -> SimSettings:
             raw = values.get(f"gpu.{i}.{key}")
             # a machine written by an older gpuprobe lacks the newer parameters: the profile's values stand in
             params[key] = current if raw is None else parse_value(key, raw)
+        if f"gpu.{i}.voltage_knee" not in values:
+            # ... except the DVFS curve: the C library keeps such a machine's clock linear in the power,
+            # as it was then, and so must everything that computes its ground truth
+            params.update(LEGACY_LINEAR_DVFS)
         gpus.append(
             SimGpu(
                 index=i,

@@ -351,6 +351,24 @@ def test_c_library_steady_state_is_the_python_mirror(sim) -> None:
     assert capped >= 10, "the cases include capped ones"
 
 
+def test_a_machine_from_before_the_dvfs_curve_keeps_its_linear_clock_in_c_and_python(sim) -> None:
+    """A sim.conf written by an older gpuprobe has no DVFS parameters: the C library keeps that machine's
+    clock linear in the active power, and state.load gives the same law, so its ground truth still holds."""
+    machine = sim.machine([H100], period_s=0.05)
+    conf = machine.state_dir / "sim.conf"
+    dvfs = ("uncore_power_share", "voltage_floor", "voltage_knee", "voltage_exponent")
+    conf.write_text("".join(line for line in conf.read_text().splitlines(True) if not any(k in line for k in dvfs)))
+    profile = machine.config().gpus[0].profile
+    assert (profile.uncore_power_share, profile.voltage_floor, profile.voltage_knee) == (0.0, 1.0, 0.0)
+    env = machine.environ()
+    env["CASES"] = json.dumps([[90, [[400_000]]]])
+    (((power_mw, sm_mhz, _, _),),) = sim.run(None, STEADY_CHILD, env=env, timeout=60)
+    want = perf.steady_state(profile, 90, 400.0)
+    assert abs(sm_mhz - want.sm_clock_mhz) <= 1 and abs(power_mw / 1000 - 400.0) <= 0.1
+    # linear: the clock fraction is the share of the active power the cap leaves (330 W of 621 W)
+    assert want.clock_fraction == pytest.approx((400.0 - H100.idle_w) / ((H100.peak_demand_w - H100.idle_w) * 0.9))
+
+
 def test_virtualization_mode_is_reported(sim) -> None:
     profiles = [with_overrides(H100, {"virt": v}) for v in ("none", "passthrough", "vgpu")]
     profiles.append(with_overrides(PROFILES["L4"], {"virt": "vgpu", "virt_overhead_pct": "3"}))
