@@ -6,6 +6,12 @@ reached ``max_samples``. GPU samples wait as plain dicts (an append on the sampl
 become ``GpuSample`` messages in one go when the batch is taken, outside the sampler thread. The
 batch leaves here without ``seq`` and without the spool's drop counters: the spool assigns those in
 the same transaction that makes the batch durable.
+
+The GPUs' static facts (``GpuInfo``, the ``gpu_info`` measurement) ride in the batches too, so they are
+spooled, sent and acknowledged like every sample: every GPU's facts go into the first batch taken, and
+a GPU's facts again into the next batch whenever they differ from what was last put into one (a GPU
+that answers for the first time, or whose facts changed after it was lost). ``gpus`` is asked for the
+current facts each time a batch is taken.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ class Batcher:
     def __init__(
         self,
         agent_id: str,
-        gpus: Sequence[common_pb2.GpuInfo],
+        gpus: Callable[[], Sequence[common_pb2.GpuInfo]],
         counters: Counters,
         max_samples: int = 2000,
         on_full: Callable[[], None] | None = None,
@@ -31,7 +37,8 @@ class Batcher:
         if max_samples < 100:
             raise ValueError(f"a batch must be allowed at least 100 samples (wire contract), not {max_samples}")
         self.agent_id = agent_id
-        self._refs = [telemetry_pb2.GpuRef(index=g.index, uuid=g.uuid, name=g.name) for g in gpus]
+        self._gpus = gpus
+        self._sent_infos: dict[int, common_pb2.GpuInfo] = {}  # index -> the facts last put into a batch
         self._counters = counters
         self.max_samples = max_samples
         self.on_full = on_full
@@ -95,7 +102,12 @@ class Batcher:
             getattr(batch, kind).append(message)
         batch.agent_id = self.agent_id
         batch.created_unix_ns = time.time_ns()
-        batch.gpus.extend(self._refs)
+        infos = self._gpus()
+        batch.gpus.extend(telemetry_pb2.GpuRef(index=g.index, uuid=g.uuid, name=g.name) for g in infos)
+        for info in infos:
+            if self._sent_infos.get(info.index) != info:
+                batch.gpu_info.append(info)
+                self._sent_infos[info.index] = info
         read_errors, missed_ticks = self._counters.take_batch_deltas()
         batch.stats.read_errors = read_errors
         batch.stats.missed_ticks = missed_ticks

@@ -180,6 +180,7 @@ class Agent:
         except GpuSensorError as e:
             log.error("%s: sampling the host and acoustics only", e)
             gpus = None
+        self.gpus = gpus
         self.infos = gpus.infos if gpus is not None else []
         ident = common_pb2.AgentIdentity()
         ident.CopyFrom(s.identity)
@@ -207,7 +208,7 @@ class Agent:
         flush_now = self._flush_now
         self.batcher = Batcher(
             self.identity.agent_id,
-            self.infos,
+            self._current_infos,
             self.counters,
             s.batch_max_samples,
             on_full=lambda: void(loop.call_soon_threadsafe(flush_now.set)),
@@ -310,12 +311,16 @@ class Agent:
             "last_ack_unix_ns": self.uplink.last_ack_unix_ns,
         }
 
+    def _current_infos(self) -> list[common_pb2.GpuInfo]:
+        """Every known GPU's static facts as last read (a GPU lost at start joins when it answers)."""
+        return self.gpus.infos if self.gpus is not None else []
+
     def _hello(self, state: SpoolState) -> telemetry_pb2.Hello:
         return telemetry_pb2.Hello(
             identity=self.identity,
             agent_version=__version__,
             sample_interval_s=self.settings.interval_s,
-            gpus=self.infos,
+            gpus=self._current_infos(),
             spool_id=state.spool_id,
             oldest_unacked_seq=state.oldest_seq,
             newest_unacked_seq=state.newest_seq,

@@ -52,6 +52,7 @@ ACOUSTIC = "acoustic"
 TRAINER = "trainer"
 PROBE = "probe"
 AGENT = "agent"
+GPU_INFO = "gpu_info"
 
 _FLOAT, _INT, _BOOL = 0, 1, 2
 _CACHE_LIMIT = 4096
@@ -125,6 +126,23 @@ PROBE_EVENT_SPECS = _specs(
     skip=("time_unix_ns", "probe_id", "workload", "kind", "phase", "status", "message", "gpu_index", "power_limit"),
 )
 AGENT_SPECS = _specs(telemetry_pb2.AgentStats, skip=())
+# gpu_info: the numeric fields (all presence-tracked but memory_total_bytes, which is written when
+# not zero) and the free-text string fields (cleaned like ProbeEvent.message, cut to this many bytes)
+GPU_INFO_SPECS: tuple[Spec, ...] = (
+    ("temp_slowdown_c", _FLOAT, True),
+    ("temp_shutdown_c", _FLOAT, True),
+    ("temp_gpu_max_c", _FLOAT, True),
+    ("temp_mem_max_c", _FLOAT, True),
+    ("power_limit_min_w", _FLOAT, True),
+    ("power_limit_max_w", _FLOAT, True),
+    ("power_limit_default_w", _FLOAT, True),
+    ("pcie_gen_max", _INT, True),
+    ("pcie_width_max", _INT, True),
+    ("fan_count", _INT, True),
+    ("passive_cooling", _BOOL, True),
+)
+GPU_INFO_STRINGS = ("driver_version", "vbios_version", "architecture", "compute_capability")
+GPU_INFO_STRING_BYTES = 256
 
 _GPU_NAMES = tuple(name for name, _, _ in GPU_SPECS)
 _N_GPU = len(_GPU_NAMES)
@@ -211,12 +229,15 @@ class StreamEncoder:
             self._encode_probe_event(i, event, low, high, problems, out)
         if batch.HasField("stats"):
             self._encode_stats(batch, low, high, problems, out)
+        for i, info in enumerate(batch.gpu_info):
+            self._encode_gpu_info(i, info, batch.created_unix_ns, low, high, problems, out)
         count = (
             len(batch.gpu_samples)
             + len(batch.node_samples)
             + len(batch.acoustic_samples)
             + len(batch.trainer_samples)
             + len(batch.probe_events)
+            + len(batch.gpu_info)
         )
         return EncodedBatch(b"".join(out), gpu_lines + len(out) - gpu_chunks, count, problems)
 
@@ -598,3 +619,36 @@ class StreamEncoder:
         parts = _checked_fields(batch.stats, AGENT_SPECS, problems, where)
         if parts:
             out.append(f"{self._agent_prefix}{','.join(parts)} {time_ns}\n".encode())
+
+    def _encode_gpu_info(
+        self,
+        i: int,
+        info: common_pb2.GpuInfo,
+        time_ns: int,
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> None:
+        """One ``gpu_info`` point, stamped with the batch's creation time (a replay overwrites it)."""
+        where = f"gpu_info[{i}] (gpu {info.index}, created_unix_ns {time_ns})"
+        for what, value in (("uuid", info.uuid), ("name", info.name)):
+            problem = self._tag_problem(what, value) if value else None
+            if problem is not None:
+                problems.sample(INVALID_STRING, f"{where}: {problem}")
+                return
+        if not self._time_ok(time_ns, low, high, problems, where):
+            return
+        parts = _checked_fields(info, GPU_INFO_SPECS, problems, where)
+        if info.memory_total_bytes:
+            parts.extend(_checked_fields(info, (("memory_total_bytes", _INT, False),), problems, where))
+        for name in GPU_INFO_STRINGS:
+            text = clean_string_field(getattr(info, name), GPU_INFO_STRING_BYTES)
+            if text:
+                parts.append(f"{name}={quote_string_field(text)}")
+        if not parts:
+            problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
+            return
+        tags = dict(self._identity_tags, gpu=str(info.index), uuid=info.uuid, model=info.name)
+        prefix = self._cached_prefix((GPU_INFO, info.index, info.uuid, info.name), GPU_INFO, tags)
+        out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())

@@ -22,6 +22,7 @@ from gpuprobe.model.acoustic import Calibration, LevelStats, calibrate, level_st
 from gpuprobe.model.data import Dataset, GpuSeries
 from gpuprobe.model.efficiency import J_PER_KWH, GpuEfficiency, gpu_efficiency, mask_of
 from gpuprobe.model.thermal import (
+    DEFAULT_SLOWDOWN_C,
     POWER_REASONS,
     THERMAL_REASONS,
     ThermalFit,
@@ -202,7 +203,7 @@ def _analyze_gpu(ds: Dataset, wide: GpuSeries, s: ModelSettings) -> GpuResult:
     )
     limits = g.field("power_limit_w")
     limit = float(np.nanmedian(limits)) if np.any(np.isfinite(limits)) else None
-    slowdown, source = slowdown_for(g.model, s.slowdown_c)
+    slowdown, source = slowdown_for(s.slowdown_c, ds.reported_slowdown_c(g.host, g.gpu, g.uuid))
     predicted = fit.rc.steady_c(limit) if fit.rc is not None and limit is not None else None
     temps = g.field("temp_c")
     steady = w.intervals(g.host, "steady") or _load_window(g, power)
@@ -417,6 +418,13 @@ def analyze(ds: Dataset, s: ModelSettings) -> Results:
         notes.append("the probe has no steady phase: efficiency uses the loaded part of the power series")
     if w.probe is None:
         notes.append("time range without a probe: the loaded part of each GPU's power series is its steady phase")
+    defaulted = [f"{g.host}/{g.gpu}" for g in gpus if g.slowdown_source == "default"]
+    if defaulted:
+        notes.append(
+            f"no slowdown threshold reported (no `gpu_info` point with temp_slowdown_c) for GPU(s)"
+            f" {', '.join(defaulted)}: their headroom uses the default {DEFAULT_SLOWDOWN_C:g} °C"
+            " (--slowdown-c sets one)"
+        )
     if any(t.device == "sim" for t in ds.trainer):
         notes.append(
             "SIMULATED throughput: samples/s (and so J/sample and samples/J) come from simulated GPUs, the "

@@ -134,7 +134,10 @@ OPTIONS = [
         deprecated_name="arx_resample_s",
     ),
     Option(
-        "slowdown_c", "slowdown threshold for every GPU, °C (default: by model, docs/models.md)", float, metavar="C"
+        "slowdown_c",
+        "slowdown threshold for every GPU, °C (default: the GPU's own, docs/models.md)",
+        float,
+        metavar="C",
     ),
     Option(
         "mic_window",

@@ -1,5 +1,7 @@
 """What a model run reads from InfluxDB: the window (a probe and its phases, or a time range) and the
-series of the ``gpu``, ``acoustic`` and ``trainer`` measurements in it (storage schema: docs/schema.md).
+series of the ``gpu``, ``acoustic`` and ``trainer`` measurements in it (storage schema: docs/schema.md),
+and the GPUs' own slowdown thresholds: the latest ``gpu_info`` point of each GPU at or before the
+window's end.
 
 A probe's window and phases come from the ``probe`` measurement (one point per phase change and
 host: fields ``phase``, ``kind``, ``status``, ``workload``), or, where there are none, from the
@@ -119,12 +121,33 @@ class TrainerSeries:
     device: str = ""  # the `device` tag: cuda, cpu, sim (simulated throughput), or "" (an older trainer)
 
 
+@dataclass(frozen=True)
+class GpuInfoPoint:
+    """The latest slowdown threshold a GPU reported (``gpu_info``) at or before the window's end."""
+
+    host: str
+    gpu: str
+    uuid: str
+    time_ns: int
+    temp_slowdown_c: float
+
+
 @dataclass
 class Dataset:
     window: Window
     gpus: list[GpuSeries]
     acoustic: list[AcousticSeries]
     trainer: list[TrainerSeries]
+    gpu_info: list[GpuInfoPoint] = field(default_factory=list)
+
+    def reported_slowdown_c(self, host: str, gpu: str, uuid: str) -> float | None:
+        """The slowdown threshold the GPU itself reported, or None: its latest ``gpu_info`` point by
+        uuid, else (no point of that uuid on the host, or no uuid) by host and index."""
+        mine = [p for p in self.gpu_info if p.host == host]
+        matches = [p for p in mine if uuid and p.uuid == uuid] or [p for p in mine if p.gpu == gpu]
+        if not matches:
+            return None
+        return max(matches, key=lambda p: p.time_ns).temp_slowdown_c
 
 
 def _host_filter(hosts: Sequence[str]) -> str:
@@ -288,7 +311,30 @@ def load(client: InfluxClient, window: Window) -> Dataset:
                 device=s.tags.get("device", ""),
             )
         )
-    return Dataset(window=window, gpus=gpus, acoustic=acoustic, trainer=trainer)
+    return Dataset(window=window, gpus=gpus, acoustic=acoustic, trainer=trainer, gpu_info=load_gpu_info(client, window))
+
+
+def load_gpu_info(client: InfluxClient, window: Window) -> list[GpuInfoPoint]:
+    """Each GPU's latest reported slowdown threshold (``gpu_info``) in or before the window."""
+    where = f"time <= {int(window.end_ns)}" + _host_filter(window.hosts)
+    out = []
+    answer = client.query(
+        f'SELECT last("temp_slowdown_c") AS "temp_slowdown_c" FROM "gpu_info" WHERE {where}'
+        ' GROUP BY "host", "gpu", "uuid"'
+    )
+    for s in answer:
+        for t, value in zip(s.column("time"), _floats(s, "temp_slowdown_c"), strict=True):
+            if math.isfinite(value):
+                out.append(
+                    GpuInfoPoint(
+                        host=s.tags.get("host", ""),
+                        gpu=s.tags.get("gpu", ""),
+                        uuid=s.tags.get("uuid", ""),
+                        time_ns=int(t),
+                        temp_slowdown_c=float(value),
+                    )
+                )
+    return out
 
 
 def _index_key(gpu: str) -> tuple[int, str]:

@@ -52,31 +52,21 @@ THERMAL_REASONS = REASON_SW_THERMAL | REASON_HW_THERMAL
 SLOWDOWN_REASONS = REASON_HW_SLOWDOWN | REASON_SW_THERMAL | REASON_HW_THERMAL | REASON_HW_POWER_BRAKE
 POWER_REASONS = REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE
 
-# Slowdown thresholds (nvmlTemperatureThresholds_t SLOWDOWN) by NVML name; the storage schema does not
-# carry thresholds, so they come from here or from --slowdown-c. Sources: public `nvidia-smi -q`
-# dumps (V100-PCIE-32GB 87 °C, A100 80GB PCIe 89 °C, H800 89 °C; docs/models.md, "Derived") and the
-# simulator's datasheet rows for H100/H200 (89 °C), L4 and RTX 4090 (92 °C; sim/profiles.py).
-SLOWDOWN_C_BY_MODEL: tuple[tuple[str, float], ...] = (
-    ("V100", 87.0),
-    ("A100", 89.0),
-    ("H100", 89.0),
-    ("H200", 89.0),
-    ("H800", 89.0),
-    ("L4", 92.0),
-    ("RTX 4090", 92.0),
-)
 # group delay of NVML's 1 s power average: the mean of the last n = 1 s / Δ updates lags by (n - 1)·Δ/2
 AVERAGE_DELAY_S = 0.45
-DEFAULT_SLOWDOWN_C = 87.0  # the lowest of the table: conservative when the model is unknown
+# when a GPU reported no slowdown threshold (no `gpu_info` point with `temp_slowdown_c`): the lowest
+# SLOWDOWN threshold of public `nvidia-smi -q` dumps (V100-PCIE-32GB 87 °C; A100 and H800 89 °C), so
+# the headroom errs on the safe side (docs/models.md, "Derived")
+DEFAULT_SLOWDOWN_C = 87.0
 
 
-def slowdown_for(model_name: str, override_c: float | None) -> tuple[float, str]:
-    """The slowdown threshold to use and where it came from (``option``, ``table`` or ``default``)."""
+def slowdown_for(override_c: float | None, reported_c: float | None) -> tuple[float, str]:
+    """The slowdown threshold to use and where it came from: ``option`` (``--slowdown-c``), ``gpu`` (the
+    GPU's own threshold, from its latest ``gpu_info`` point) or ``default`` (:data:`DEFAULT_SLOWDOWN_C`)."""
     if override_c is not None:
         return override_c, "option"
-    for needle, value in SLOWDOWN_C_BY_MODEL:
-        if needle.lower() in model_name.lower():
-            return value, "table"
+    if reported_c is not None:
+        return reported_c, "gpu"
     return DEFAULT_SLOWDOWN_C, "default"
 
 

@@ -36,7 +36,10 @@ Errors are translated here, once:
 - ``NOT_SUPPORTED`` (or a missing function): the field is absent from every later sample of that GPU
   (never a fake zero) and the fact is logged once per GPU and field.
 - ``GPU_IS_LOST``: the GPU yields no samples and is logged as lost; it is retried once per
-  ``lost_retry_s`` and logged again when it answers. The other GPUs are not affected.
+  ``lost_retry_s`` and logged again when it answers, and its static facts are read again then (an
+  outage can have hidden some; :attr:`GpuSensor.infos` shows the new ones). A GPU that is already
+  lost when the sensor opens is kept as *not yet known*: it is in no ``infos`` and yields no samples
+  until it answers, and then joins like the others. The other GPUs are not affected.
 - anything else: the field is left out of that sample, the read error is counted, and logged once
   per GPU, field and error code.
 """
@@ -172,6 +175,7 @@ class _Gpu:
     fast: Callable[[int], Sample | None] | None = None  # the straight-line reader (None while probing)
     lost: bool = False
     retry_at: float = 0.0
+    known: bool = True  # False: lost when the sensor opened, its static facts not read yet
 
     @property
     def label(self) -> str:
@@ -208,11 +212,20 @@ class GpuSensor:
         gpus: list[_Gpu] = []
         virtualization = common_pb2.VIRTUALIZATION_UNSPECIFIED
         for index in range(count):
+            handle = None
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 info = _static_info(index, handle, driver)
             except pynvml.NVMLError as e:
-                log.error("GPU %d: cannot read its identity (%s); it is left out until the agent restarts", index, e)
+                if handle is not None and isinstance(e, pynvml.NVMLError_GpuIsLost):
+                    log.error("GPU %d is lost (%s): it joins when it answers; the other GPUs are sampled", index, e)
+                    gpus.append(
+                        _Gpu(index=index, handle=handle, info=common_pb2.GpuInfo(index=index), lost=True, known=False)
+                    )
+                else:
+                    log.error(
+                        "GPU %d: cannot read its identity (%s); it is left out until the agent restarts", index, e
+                    )
                 continue
             if virtualization == common_pb2.VIRTUALIZATION_UNSPECIFIED:
                 try:
@@ -223,8 +236,9 @@ class GpuSensor:
             gpus.append(_Gpu(index=index, handle=handle, info=info))
         sensor = cls(gpus, driver, virtualization, lost_retry_s)
         for gpu in gpus:
-            sensor._bind(gpu)
-            sensor._probe(gpu)
+            if gpu.known:
+                sensor._bind(gpu)
+                sensor._probe(gpu)
         return sensor
 
     def close(self) -> None:
@@ -233,7 +247,34 @@ class GpuSensor:
 
     @property
     def infos(self) -> list[common_pb2.GpuInfo]:
-        return [g.info for g in self._gpus]
+        """The static facts of every GPU known so far, as last read (a new object whenever they change)."""
+        return [g.info for g in self._gpus if g.known]
+
+    def _identify(self, gpu: _Gpu) -> bool:
+        """A GPU that was lost when the sensor opened: read its static facts and prepare its reads."""
+        try:
+            info = _static_info(gpu.index, gpu.handle, self.driver_version)
+        except pynvml.NVMLError:
+            gpu.retry_at = time.monotonic() + self._lost_retry_s
+            return False
+        gpu.info = info
+        gpu.known = True
+        gpu.lost = False
+        errors = self.read_errors
+        self._bind(gpu)
+        self._probe(gpu)
+        self.read_errors = errors  # the probe forgets errors; the other GPUs' count stays
+        log.warning("%s answers: sampling it begins", gpu.label)
+        return True
+
+    def _refresh_info(self, gpu: _Gpu) -> None:
+        """Reads a recovered GPU's static facts again; replaces them where they differ."""
+        try:
+            info = _static_info(gpu.index, gpu.handle, self.driver_version)
+        except pynvml.NVMLError:
+            return
+        if info != gpu.info:
+            gpu.info = info
 
     def _function(self, name: str) -> Any | None:
         try:
@@ -442,7 +483,7 @@ class GpuSensor:
         for position, gpu in enumerate(self._gpus):
             fast = gpu.fast
             if gpu.lost:
-                if time.monotonic() < gpu.retry_at:
+                if time.monotonic() < gpu.retry_at or (not gpu.known and not self._identify(gpu)):
                     continue
                 fast = None
             t_ns = time_ns()
@@ -472,7 +513,7 @@ class GpuSensor:
         sharing them, so that the hot path keeps no extra call per GPU.
         """
         gpu = next((g for g in self._gpus if g.index == index), None)
-        if gpu is None or (gpu.lost and time.monotonic() < gpu.retry_at):
+        if gpu is None or not gpu.known or (gpu.lost and time.monotonic() < gpu.retry_at):
             return None
         t_ns = time.time_ns()
         sample = gpu.fast(t_ns) if gpu.fast is not None and not gpu.lost else None
@@ -522,6 +563,7 @@ class GpuSensor:
         if gpu.lost:
             gpu.lost = False
             log.warning("%s answers again; sampling it resumes", gpu.label)
+            self._refresh_info(gpu)
         return sample
 
     def _read_pcie(self, gpu: _Gpu, sample: Sample, probing: bool = False) -> None:
@@ -587,6 +629,15 @@ def _static_info(index: int, handle: Any, driver_version: str) -> common_pb2.Gpu
     cc = _optional(lambda: pynvml.nvmlDeviceGetCudaComputeCapability(handle))
     if cc is not None:
         info.compute_capability = f"{cc[0]}.{cc[1]}"
+    vbios = _optional(lambda: pynvml.nvmlDeviceGetVbiosVersion(handle))
+    if vbios is not None:
+        info.vbios_version = _text(vbios)
+    pcie_gen = _optional(lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
+    if pcie_gen is not None:
+        info.pcie_gen_max = int(pcie_gen)
+    pcie_width = _optional(lambda: pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle))
+    if pcie_width is not None:
+        info.pcie_width_max = int(pcie_width)
     try:
         info.fan_count = int(pynvml.nvmlDeviceGetNumFans(handle))
         info.passive_cooling = info.fan_count == 0

@@ -67,7 +67,7 @@ class AgentIdentity(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., host: _Optional[str] = ..., cluster: _Optional[str] = ..., cloud: _Optional[str] = ..., instance_type: _Optional[str] = ..., region: _Optional[str] = ..., virtualization: _Optional[_Union[Virtualization, str]] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "power_limit_min_w", "power_limit_max_w", "power_limit_default_w", "temp_slowdown_c", "temp_shutdown_c", "temp_gpu_max_c", "temp_mem_max_c", "driver_version", "architecture", "fan_count", "passive_cooling", "compute_capability")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "power_limit_min_w", "power_limit_max_w", "power_limit_default_w", "temp_slowdown_c", "temp_shutdown_c", "temp_gpu_max_c", "temp_mem_max_c", "driver_version", "architecture", "fan_count", "passive_cooling", "compute_capability", "vbios_version", "pcie_gen_max", "pcie_width_max")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,9 @@ class GpuInfo(_message.Message):
     FAN_COUNT_FIELD_NUMBER: _ClassVar[int]
     PASSIVE_COOLING_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    VBIOS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PCIE_GEN_MAX_FIELD_NUMBER: _ClassVar[int]
+    PCIE_WIDTH_MAX_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -102,4 +105,7 @@ class GpuInfo(_message.Message):
     fan_count: int
     passive_cooling: bool
     compute_capability: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., power_limit_min_w: _Optional[float] = ..., power_limit_max_w: _Optional[float] = ..., power_limit_default_w: _Optional[float] = ..., temp_slowdown_c: _Optional[float] = ..., temp_shutdown_c: _Optional[float] = ..., temp_gpu_max_c: _Optional[float] = ..., temp_mem_max_c: _Optional[float] = ..., driver_version: _Optional[str] = ..., architecture: _Optional[str] = ..., fan_count: _Optional[int] = ..., passive_cooling: _Optional[bool] = ..., compute_capability: _Optional[str] = ...) -> None: ...
+    vbios_version: str
+    pcie_gen_max: int
+    pcie_width_max: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., power_limit_min_w: _Optional[float] = ..., power_limit_max_w: _Optional[float] = ..., power_limit_default_w: _Optional[float] = ..., temp_slowdown_c: _Optional[float] = ..., temp_shutdown_c: _Optional[float] = ..., temp_gpu_max_c: _Optional[float] = ..., temp_mem_max_c: _Optional[float] = ..., driver_version: _Optional[str] = ..., architecture: _Optional[str] = ..., fan_count: _Optional[int] = ..., passive_cooling: _Optional[bool] = ..., compute_capability: _Optional[str] = ..., vbios_version: _Optional[str] = ..., pcie_gen_max: _Optional[int] = ..., pcie_width_max: _Optional[int] = ...) -> None: ...

@@ -107,7 +107,7 @@ class Welcome(_message.Message):
     def __init__(self, collector_id: _Optional[str] = ..., collector_version: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., time_unix_ns: _Optional[int] = ...) -> None: ...
 
 class SampleBatch(_message.Message):
-    __slots__ = ("agent_id", "seq", "created_unix_ns", "gpus", "gpu_samples", "node_samples", "acoustic_samples", "trainer_samples", "probe_events", "stats")
+    __slots__ = ("agent_id", "seq", "created_unix_ns", "gpus", "gpu_samples", "node_samples", "acoustic_samples", "trainer_samples", "probe_events", "stats", "gpu_info")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,7 @@ class SampleBatch(_message.Message):
     TRAINER_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PROBE_EVENTS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    GPU_INFO_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     created_unix_ns: int
@@ -128,7 +129,8 @@ class SampleBatch(_message.Message):
     trainer_samples: _containers.RepeatedCompositeFieldContainer[TrainerSample]
     probe_events: _containers.RepeatedCompositeFieldContainer[ProbeEvent]
     stats: AgentStats
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuRef, _Mapping[str, object]]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping[str, object]]]] = ..., node_samples: _Optional[_Iterable[_Union[NodeSample, _Mapping[str, object]]]] = ..., acoustic_samples: _Optional[_Iterable[_Union[AcousticSample, _Mapping[str, object]]]] = ..., trainer_samples: _Optional[_Iterable[_Union[TrainerSample, _Mapping[str, object]]]] = ..., probe_events: _Optional[_Iterable[_Union[ProbeEvent, _Mapping[str, object]]]] = ..., stats: _Optional[_Union[AgentStats, _Mapping[str, object]]] = ...) -> None: ...
+    gpu_info: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuInfo]
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuRef, _Mapping[str, object]]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping[str, object]]]] = ..., node_samples: _Optional[_Iterable[_Union[NodeSample, _Mapping[str, object]]]] = ..., acoustic_samples: _Optional[_Iterable[_Union[AcousticSample, _Mapping[str, object]]]] = ..., trainer_samples: _Optional[_Iterable[_Union[TrainerSample, _Mapping[str, object]]]] = ..., probe_events: _Optional[_Iterable[_Union[ProbeEvent, _Mapping[str, object]]]] = ..., stats: _Optional[_Union[AgentStats, _Mapping[str, object]]] = ..., gpu_info: _Optional[_Iterable[_Union[_common_pb2.GpuInfo, _Mapping[str, object]]]] = ...) -> None: ...
 
 class GpuRef(_message.Message):
     __slots__ = ("index", "uuid", "name")

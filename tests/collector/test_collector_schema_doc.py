@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuprobe.collector.encode import ACOUSTIC_SPECS, AGENT_SPECS, GPU_SPECS, NODE_SPECS, TRAINER_SPECS
+from gpuprobe.collector.encode import (
+    ACOUSTIC_SPECS,
+    AGENT_SPECS,
+    GPU_INFO_SPECS,
+    GPU_INFO_STRINGS,
+    GPU_SPECS,
+    NODE_SPECS,
+    TRAINER_SPECS,
+)
 from gpuprobe.devservices import InfluxDBDatabase
 
 SCHEMA = (Path(__file__).resolve().parents[2] / "docs" / "schema.md").read_text()
@@ -34,6 +42,11 @@ def documented_fields(measurement: str) -> dict[str, str]:
         ("acoustic", ACOUSTIC_SPECS, {}),
         ("trainer", TRAINER_SPECS, {"phase": "string"}),
         ("agent", AGENT_SPECS, {}),
+        (
+            "gpu_info",
+            GPU_INFO_SPECS,
+            {"memory_total_bytes": "integer"} | dict.fromkeys(GPU_INFO_STRINGS, "string"),
+        ),
     ],
 )
 def test_every_field_the_encoder_writes_is_documented_with_its_type(
@@ -43,8 +56,8 @@ def test_every_field_the_encoder_writes_is_documented_with_its_type(
 
 
 def test_example_lines_are_accepted_by_real_influxdb(influxdb: InfluxDBDatabase) -> None:
-    examples = [line for line in re.findall(r"^(?:gpu|node|acoustic|trainer|probe|agent),.*$", SCHEMA, re.M)]
-    assert len(examples) >= 7
+    examples = [line for line in re.findall(r"^(?:gpu|gpu_info|node|acoustic|trainer|probe|agent),.*$", SCHEMA, re.M)]
+    assert len(examples) >= 8
     influxdb.write_lines(examples)
     (series,) = influxdb.query("SELECT count(power_w) FROM gpu")
     assert series.values[0][1] == 1

@@ -10,7 +10,9 @@ Issues 3 (agent), 4 (collector) and 5 (trainer and probes) fit together only if 
 - (b) InfluxDB holds the probe's ``trainer`` points (probe tag) and ``probe`` phase points for every
   host, ``gpu`` points for every host and GPU, and the stored ``power_w`` / ``temp_c`` of every GPU
   rise from the idle baseline to the steady phase (the simulated GPUs followed the trainers); every
-  stored field and tag is in docs/schema.md with the type written there;
+  stored field and tag is in docs/schema.md with the type written there; and one ``gpu_info`` point per
+  host and GPU holds the simulated GPU's own thresholds, limits and PCIe link (what ``gpuprobe model``
+  takes its slowdown threshold from);
 - (c) every sample is stored exactly once (see ``test_every_sample_is_stored_exactly_once``).
 """
 
@@ -162,7 +164,8 @@ def test_three_agents_a_collector_and_a_probe_fit_together(
     # (c) exactly once: see the comment of check_exactly_once
     check_exactly_once(influxdb, counts, taken)
     check_probe_points(influxdb, probe_id, cluster)
-    check_schema_doc(influxdb, measurements)
+    check_gpu_info(influxdb, cluster)
+    check_schema_doc(influxdb, (*measurements, "gpu_info"))
 
 
 def start_fleet(
@@ -329,6 +332,37 @@ def check_probe_points(influxdb: InfluxDBDatabase, probe_id: str, cluster: str) 
             assert idle_w == pytest.approx(PROFILES[profile].idle_w, rel=0.25), (where, idle_w)
             assert load_w > 1.5 * idle_w, (where, idle_w, load_w)
             assert load_c > idle_c + 4, (where, idle_c, load_c)
+
+
+def check_gpu_info(influxdb: InfluxDBDatabase, cluster: str) -> None:
+    """(b) every GPU's static facts, read through NVML at the agent's start: one point per host and GPU
+    (nothing changed, and a replay overwrites itself), the simulated profile's values, the same
+    ``uuid`` and ``model`` tags as the GPU's ``gpu`` points."""
+    rows = influx_rows(
+        influxdb,
+        'SELECT "temp_slowdown_c", "temp_shutdown_c", "temp_gpu_max_c", "temp_mem_max_c", "power_limit_min_w",'
+        ' "power_limit_max_w", "power_limit_default_w", "memory_total_bytes", "pcie_gen_max", "pcie_width_max",'
+        ' "driver_version", "vbios_version", "architecture", "compute_capability", "passive_cooling"'
+        f' FROM "gpu_info" WHERE "cluster" = \'{cluster}\' GROUP BY "host", "gpu", "uuid", "model"',
+    )
+    assert sorted((r["host"], r["gpu"]) for r in rows) == sorted((h, str(g)) for h in NODES for g in range(2))
+    for r in rows:
+        p = PROFILES[NODES[r["host"]][int(r["gpu"])]]
+        where = f"{r['host']} GPU {r['gpu']} ({p.name})"
+        assert r["model"] == p.nvml_name, where
+        assert (r["temp_slowdown_c"], r["temp_shutdown_c"]) == (p.slowdown_c, p.shutdown_c), where
+        assert (r["temp_gpu_max_c"], r["temp_mem_max_c"]) == (p.gpu_max_c, p.mem_max_c), where
+        assert (r["power_limit_min_w"], r["power_limit_max_w"]) == (p.limit_min_w, p.limit_max_w), where
+        assert r["power_limit_default_w"] == p.limit_default_w, where
+        assert r["memory_total_bytes"] == p.memory_total_bytes, where
+        assert (r["pcie_gen_max"], r["pcie_width_max"]) == (p.pcie_gen, p.pcie_width), where
+        assert r["driver_version"] == "570.133.20" and r["vbios_version"], where
+        assert r["passive_cooling"] == (p.fan_count == 0), where
+        gpu_series = influxdb.query(
+            f'SELECT last("temp_c") FROM "gpu" WHERE "host" = \'{r["host"]}\' AND "gpu" = \'{r["gpu"]}\''
+            ' GROUP BY "uuid", "model"'
+        )
+        assert [(x.tags["uuid"], x.tags["model"]) for x in gpu_series] == [(r["uuid"], r["model"])], where
 
 
 def check_schema_doc(influxdb: InfluxDBDatabase, measurements: tuple[str, ...]) -> None:

@@ -4,7 +4,8 @@ The real path is agent -> collector -> InfluxDB and the trainer/probe code; this
 them (``sim_reader.py`` reads the GPUs through pynvml at 10 Hz in a child process per node), so the
 model and dashboard tests depend on none of their internals. What it writes follows the storage
 schema (docs/schema.md): ``gpu``, ``node``, ``acoustic`` (proxy per GPU and per node; microphone on node-b),
-``trainer``, ``probe`` and ``agent``.
+``trainer``, ``probe``, ``agent`` and ``gpu_info`` (each GPU's static facts at the machine's start, its
+thresholds from the profile, as an agent reads them through NVML).
 
 The scenario, with time constants shortened so the whole probe takes about 45 s:
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -187,6 +189,28 @@ def _probe_line(host: str, t_ns: int, kind: str, phase: str, status: str) -> str
         f'probe,cluster=test,host={host},probe={PROBE_ID} kind="{kind}",phase="{phase}",'
         f'status="{status}",workload="{WORKLOAD}" {t_ns}'
     )
+
+
+_SERIES = re.compile(r"(?:[^ \\]|\\.)* ")  # a line's measurement and tags, up to the first unescaped space
+
+
+def _gpu_info_lines(run: ProbeRun, gpu_lines: dict[str, list[str]], start_ns: dict[str, int]) -> list[str]:
+    """One ``gpu_info`` point per GPU at its machine's start (before the probe), with the series tags of
+    its ``gpu`` points and the thresholds of its profile."""
+    lines = []
+    for t in run.truths:
+        head = f"gpu,cluster=test,gpu={t.gpu},host={t.host},"
+        first = next(line for line in gpu_lines[t.host] if line.startswith(head))
+        match = _SERIES.match(first)
+        assert match is not None
+        p = t.profile
+        lines.append(
+            "gpu_info," + match.group(0)[len("gpu,") :] + f"temp_slowdown_c={p.slowdown_c!r},"
+            f"temp_shutdown_c={p.shutdown_c!r},temp_gpu_max_c={p.gpu_max_c!r},temp_mem_max_c={p.mem_max_c!r},"
+            f"power_limit_default_w={p.limit_default_w!r},memory_total_bytes={p.memory_total_bytes}i"
+            f" {start_ns[t.host]}"
+        )
+    return lines
 
 
 def _trainer_lines(run: ProbeRun) -> list[str]:
@@ -354,8 +378,10 @@ def run_probe(server: InfluxDBServer, tmp: Path) -> ProbeRun:
         ]
     run = ProbeRun(server, db, PROBE_ID, start_ns, warmup_ns, steady_ns, cooldown_ns, end_ns, truths)
     node_proxy: list[tuple[int, float]] = []
+    gpu_lines: dict[str, list[str]] = {}
     for h in hosts:
         lines = [line for line in outs[h].read_text().splitlines() if line]
+        gpu_lines[h] = [line for line in lines if line.startswith("gpu,")]
         run.line_counts[h] = len(lines)
         if h == MIC_HOST:
             for line in lines:
@@ -366,6 +392,7 @@ def run_probe(server: InfluxDBServer, tmp: Path) -> ProbeRun:
             server.write_lines(db, lines[k : k + 5000])
     server.write_lines(db, probe_lines)
     server.write_lines(db, _trainer_lines(run))
+    server.write_lines(db, _gpu_info_lines(run, gpu_lines, {h: configs[h].start_ns for h in hosts}))
     mic = _mic_lines(tmp, run, node_proxy)
     run.mic_windows = len(mic)
     server.write_lines(db, mic)

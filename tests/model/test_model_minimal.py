@@ -3,6 +3,7 @@ trainer, no probe): the model still fits and reports, and says what it fell back
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -17,7 +18,8 @@ from gpuprobe.model import InfluxSettings, ModelSettings, NoDataError, run
 R, TAU, T_AMB = 0.1, 5.0, 25.0
 
 
-def test_time_range_with_only_temperature_and_averaged_power(influxdb: InfluxDBDatabase, tmp_path: Path) -> None:
+def _write_old_node(influxdb: InfluxDBDatabase, power_limit_w: float | None = None) -> tuple[int, int]:
+    """The old node's GPU 0 (temperature and averaged power only; optionally its power limit): (start, end) ns."""
     n, dt = 600, 0.1
     instant = np.where((np.arange(n) >= 100) & (np.arange(n) < 350), 300.0, 50.0)
     temp = np.empty(n)
@@ -27,16 +29,24 @@ def test_time_range_with_only_temperature_and_averaged_power(influxdb: InfluxDBD
         temp[k + 1] = steady + (temp[k] - steady) * math.exp(-dt / TAU)
     averaged = np.array([instant[max(0, k - 9) : k + 1].mean() for k in range(n)])  # NVML's 1 s average
     start_ns = (time.time_ns() - 120 * 10**9) // 10**9 * 10**9
+    limit = "" if power_limit_w is None else f",power_limit_w={power_limit_w!r}"
     lines = [
-        f"gpu,gpu=0,host=old-node,model=Tesla\\ V100 temp_c={float(np.floor(temp[k] + 0.5))!r},"
-        f"power_w={float(averaged[k])!r} {start_ns + int(k * dt * 1e9)}"
+        f"gpu,gpu=0,host=old-node,model=Tesla\\ V100,uuid=GPU-old temp_c={float(np.floor(temp[k] + 0.5))!r},"
+        f"power_w={float(averaged[k])!r}{limit} {start_ns + int(k * dt * 1e9)}"
         for k in range(n)
     ]
     influxdb.write_lines(lines)
+    return start_ns, start_ns + int((n - 1) * dt * 1e9)
+
+
+def test_time_range_with_only_temperature_and_averaged_power(influxdb: InfluxDBDatabase, tmp_path: Path) -> None:
+    n, dt = 600, 0.1
+    instant = np.where((np.arange(n) >= 100) & (np.arange(n) < 350), 300.0, 50.0)
+    start_ns, end_ns = _write_old_node(influxdb)
     settings = ModelSettings(
         influx=InfluxSettings(url=influxdb.server.url, database=influxdb.name),
         start_ns=start_ns,
-        end_ns=start_ns + int((n - 1) * dt * 1e9),
+        end_ns=end_ns,
         out_dir=tmp_path,
     )
     paths = run(settings)
@@ -45,7 +55,9 @@ def test_time_range_with_only_temperature_and_averaged_power(influxdb: InfluxDBD
     assert g.thermal.rc is not None
     assert g.thermal.rc.r_th_c_per_w == pytest.approx(R, rel=0.05)
     assert g.thermal.rc.tau_s == pytest.approx(TAU, rel=0.05)
-    assert g.slowdown_c == 87.0 and g.slowdown_source == "table"  # V100
+    # no gpu_info point: the default threshold, and the notes say the GPU reported none
+    assert g.slowdown_c == 87.0 and g.slowdown_source == "default"
+    assert any("no slowdown threshold reported" in note and "old-node/0" in note for note in paths.results.notes)
     assert g.power_limit_w is None and g.headroom_c is None  # no power_limit_w stored: nothing to predict
     e = g.efficiency
     assert e.energy_source == "integral"
@@ -58,3 +70,37 @@ def test_time_range_with_only_temperature_and_averaged_power(influxdb: InfluxDBD
     assert paths.html.exists() and "old-node" in paths.html.read_text()
     with pytest.raises(NoDataError, match="no probe 'missing'"):
         run(ModelSettings(influx=settings.influx, probe="missing", out_dir=tmp_path))
+
+
+def test_the_headroom_uses_the_gpus_own_threshold_and_the_option_wins(
+    influxdb: InfluxDBDatabase, tmp_path: Path
+) -> None:
+    start_ns, end_ns = _write_old_node(influxdb, power_limit_w=250.0)
+    # what an agent stores: the GPU's facts at its start (83.5 °C: no model's usual value), a later point
+    # of another GPU that once sat at index 0 (another uuid), and one after the window (not yet reported)
+    influxdb.write_lines(
+        [
+            "gpu_info,gpu=0,host=old-node,model=Tesla\\ V100,uuid=GPU-old temp_slowdown_c=83.5,"
+            f'temp_shutdown_c=90.0,vbios_version="88.00.4f.00.09" {start_ns - 3600 * 10**9}',
+            f"gpu_info,gpu=0,host=other-node,uuid=GPU-old temp_slowdown_c=70.0 {start_ns}",
+            f"gpu_info,gpu=0,host=old-node,model=Tesla\\ V100,uuid=GPU-old temp_slowdown_c=60.0 {end_ns + 10**9}",
+        ]
+    )
+    influx = InfluxSettings(url=influxdb.server.url, database=influxdb.name)
+    base = ModelSettings(influx=influx, start_ns=start_ns, end_ns=end_ns, out_dir=tmp_path / "gpu")
+    (g,) = run(base).results.gpus
+    assert g.slowdown_c == 83.5 and g.slowdown_source == "gpu"
+    assert g.t_pred_at_limit_c is not None
+    assert g.headroom_c == pytest.approx(83.5 - g.t_pred_at_limit_c)
+    paths = run(dataclasses.replace(base, out_dir=tmp_path / "json"))
+    document = json.loads(paths.json.read_text())
+    assert document["gpus"][0]["slowdown_c"] == 83.5 and document["gpus"][0]["slowdown_source"] == "gpu"
+    assert not any("no slowdown threshold" in note for note in paths.results.notes)
+    # a later report of the same GPU (its uuid) within the window wins over the earlier one
+    influxdb.write_lines([f"gpu_info,gpu=0,host=old-node,uuid=GPU-old temp_slowdown_c=84.0 {start_ns + 10**9}"])
+    (g,) = run(base).results.gpus
+    assert g.slowdown_c == 84.0 and g.slowdown_source == "gpu"
+    # --slowdown-c wins over what the GPU reported
+    (g,) = run(dataclasses.replace(base, slowdown_c=95.0, out_dir=tmp_path / "option")).results.gpus
+    assert g.slowdown_c == 95.0 and g.slowdown_source == "option"
+    assert g.headroom_c == pytest.approx(95.0 - g.t_pred_at_limit_c)
