@@ -2,7 +2,7 @@
 
 In a temporary directory it starts a real InfluxDB and a real Mosquitto, a collector (TLS and a
 bearer token per agent), and two simulated nodes of four GPUs each (``gpuprobe sim run … --
-gpuprobe agent``, the control plane embedded); it signs and starts a short ResNet-50 probe on both
+gpuprobe agent``, the control plane embedded); it signs and starts a short full-size ResNet-50 probe on both
 nodes over MQTT, follows its progress, collects the results, fits the thermal, acoustic and
 efficiency models from InfluxDB and writes the HTML report. Then a small *study* on GPU 0 of both
 nodes (full-size ResNet-50 at two batch sizes and two power limits; the agents may set limits) and
@@ -164,6 +164,9 @@ def run_demo(values: dict[str, Any]) -> int:
         )  # fmt: skip
         operator_key = keys.generate(work / "keys", "operator")
 
+        # the trainers the probes start inherit this: one torch thread each, so that eight of them
+        # share the machine's cores instead of thrashing them
+        agent_env = dict(os.environ, GPUPROBE_THREADS="1")
         for host, profiles in NODES.items():
             token_file = work / f"{host}.token"
             token_file.write_text(tokens[host])
@@ -179,6 +182,7 @@ def run_demo(values: dict[str, Any]) -> int:
                     "--trusted-keys", str(operator_key.public), "--control-dir", str(work / host / "control"),
                     "--allow-power-limits",
                 ),
+                env=agent_env,
             )  # fmt: skip
 
         def fleet_online() -> bool:
@@ -193,7 +197,7 @@ def run_demo(values: dict[str, Any]) -> int:
         _run(
             _gpuprobe(
                 "probe", "start", "--broker", broker, "--key", str(operator_key.private),
-                "--workload", values["workload"], "--size", "tiny", "--probe-id", probe_id,
+                "--workload", values["workload"], "--size", "full", "--probe-id", probe_id,
                 "--start-in", str(values["start_in"]), "--idle-baseline", str(phases["idle_baseline"]),
                 "--warmup", str(phases["warmup"]), "--duration", str(phases["duration"]),
                 "--cooldown", str(phases["cooldown"]), "--wait", "10",
