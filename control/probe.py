@@ -79,7 +79,7 @@ class TrainerState:
 class PointLimit:
     """A study point's power limit on one GPU, as resolved when the probe was accepted."""
 
-    label: str = ""  # "60%", "250W"; empty: left as it is
+    label: str = ""  # "60%", "250W"; empty: the GPU's own limit
     limit_w: float | None = None  # what to set
     refused: str = ""  # why the GPU does not run the point
 

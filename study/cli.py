@@ -215,7 +215,7 @@ def _status_options() -> list[Option]:
         *control_cli.STATUS_OPTIONS,
         Option(
             "json",
-            "print the points' results as JSON (with --once, or once the study is done)",
+            "print every point's result reported so far as JSON, at once (no live view)",
             is_flag=True,
             default=False,
         ),
