@@ -514,14 +514,7 @@ class ProbeRun:
             result.batch_size = self.plan.start.batch_size
         per_gpu: list[control_pb2.ProbeMetrics] = []
         for state, point in points:
-            phases = state.result["phases"] if state.result else []
-            metrics = _metrics(point, phases, readings.get(state.gpu, []) if state.gpu is not None else [])
-            if state.gpu is not None:
-                metrics.gpu_index = state.gpu
-                uuid = self._uuid(state.gpu)
-                if uuid:
-                    metrics.gpu_uuid = uuid
-            per_gpu.append(metrics)
+            per_gpu.append(self._gpu_metrics(state, point, readings))
         result.gpus.extend(m for m in per_gpu if m.HasField("gpu_index"))
         result.total.CopyFrom(_total(per_gpu, readings, result.steady_start_unix_ns, result.steady_end_unix_ns))
         return result
@@ -545,14 +538,7 @@ class ProbeRun:
                 if point.get("error") or failure:
                     reasons.append(f"{where}: {failure or point['error']}")
                     continue
-                phases = state.result["phases"] if state.result else []
-                metrics = _metrics(point, phases, readings.get(state.gpu, []) if state.gpu is not None else [])
-                if state.gpu is not None:
-                    metrics.gpu_index = state.gpu
-                    uuid = self._uuid(state.gpu)
-                    if uuid:
-                        metrics.gpu_uuid = uuid
-                per_gpu.append(metrics)
+                per_gpu.append(self._gpu_metrics(state, point, readings))
                 if state.result and state.result.get("device_kind"):
                     out.device = str(state.result["device_kind"])
                 if point.get("steady_end_unix_ns"):
@@ -570,6 +556,19 @@ class ProbeRun:
         if steady_starts:
             result.steady_start_unix_ns = min(steady_starts)
             result.steady_end_unix_ns = max(steady_ends)
+
+    def _gpu_metrics(
+        self, state: TrainerState, point: dict[str, Any], readings: dict[int, list[Reading]]
+    ) -> control_pb2.ProbeMetrics:
+        """One trainer's steady phase of one point, with its GPU's readings (none on the CPU)."""
+        phases = state.result["phases"] if state.result else []
+        metrics = _metrics(point, phases, readings.get(state.gpu, []) if state.gpu is not None else [])
+        if state.gpu is not None:
+            metrics.gpu_index = state.gpu
+            uuid = self._uuid(state.gpu)
+            if uuid:
+                metrics.gpu_uuid = uuid
+        return metrics
 
     def _uuid(self, gpu: int) -> str:
         infos = self.gpus.infos()
