@@ -198,7 +198,7 @@ def _keygen(values: dict[str, Any], args: argparse.Namespace) -> int:
 
 
 def _start(values: dict[str, Any], args: argparse.Namespace) -> int:
-    from gpuprobe.control import operator_side, render, selector, signing, topics
+    from gpuprobe.control import selector, signing, topics
     from gpuprobe.v1 import control_pb2
 
     name = "probe start"
@@ -240,34 +240,54 @@ def _start(values: dict[str, Any], args: argparse.Namespace) -> int:
     start.selector.CopyFrom(node_selector)
     start.gpu_indices.extend(values["gpus"] or [])
 
+    return send_start(
+        name,
+        values,
+        command,
+        key,
+        headline=f"probe {probe_id}: {start.workload} {values['size']} for {start.duration_s:g} s",
+        json_head={"probe": probe_id},
+        next_steps=f"watch it:  gpuprobe probe status {probe_id}\nresults:   gpuprobe probe results {probe_id}",
+    )
+
+
+def send_start(
+    name: str,
+    values: dict[str, Any],
+    command: Any,
+    key: Any,
+    headline: str,
+    json_head: dict[str, Any],
+    next_steps: str,
+    json_extra: dict[str, Any] | None = None,
+) -> int:
+    """Sends a signed ProbeStart to the online agents its selector picks and prints their replies (the
+    ``probe start`` and ``study start`` commands); 0 all accepted, 3 some, 1 none."""
+    from gpuprobe.control import operator_side, render, selector
+
+    start = command.probe_start
+
     async def main(broker: Any) -> int:
         async with operator_side.Session(broker) as session:
             presences = await operator_side.fleet(session)
-            expect = operator_side.expected_hosts(presences, node_selector)
+            expect = operator_side.expected_hosts(presences, start.selector)
             if not values["json"]:
                 at = dt.datetime.fromtimestamp(start.start_at_unix_ns / 1e9).strftime("%H:%M:%S")
                 print(
-                    f"probe {probe_id}: {start.workload} {values['size']} for {start.duration_s:g} s on "
-                    f"{selector.describe(node_selector)} ({len(expect)} online agent(s) selected), start at {at}",
+                    f"{headline} on {selector.describe(start.selector)} "
+                    f"({len(expect)} online agent(s) selected), start at {at}",
                     flush=True,
                 )
             replies = await operator_side.send_command(session, command, key, expect, values["wait"])
         accepted = [r for r in replies if r.accepted]
         if values["json"]:
-            print(
-                json.dumps(
-                    {
-                        "probe": probe_id,
-                        "command_id": command.command_id,
-                        "replies": [render.reply_dict(r) for r in replies],
-                    },
-                    indent=2,
-                )
-            )
+            body = {**json_head, "command_id": command.command_id, **(json_extra or {})}
+            body["replies"] = [render.reply_dict(r) for r in replies]
+            print(json.dumps(body, indent=2))
         else:
             print(render.replies_table(replies, expect) if replies or expect else "no agent answered")
             if accepted:
-                print(f"\nwatch it:  gpuprobe probe status {probe_id}\nresults:   gpuprobe probe results {probe_id}")
+                print(f"\n{next_steps}")
         if not accepted:
             return 1
         return 0 if len(accepted) == len(replies) else 3

@@ -143,13 +143,11 @@ def _start_options() -> list[Option]:
 
 
 def _start(values: dict[str, Any], args: argparse.Namespace) -> int:
-    import datetime as dt
-    import json
     import time
 
     from gpuprobe.config import ConfigError
     from gpuprobe.control import cli as control_cli
-    from gpuprobe.control import operator_side, render, selector, signing
+    from gpuprobe.control import signing
     from gpuprobe.study import start as study_start
 
     name = "study start"
@@ -166,43 +164,21 @@ def _start(values: dict[str, Any], args: argparse.Namespace) -> int:
             )
     except (ConfigError, ValueError) as e:
         return control_cli._error(name, str(e))
-    start = command.probe_start
-    start.gpu_indices.extend(values["gpus"] or [])
-    node_selector = start.selector
-
-    async def main(broker: Any) -> int:
-        async with operator_side.Session(broker) as session:
-            presences = await operator_side.fleet(session)
-            expect = operator_side.expected_hosts(presences, node_selector)
-            if not values["json"]:
-                at = dt.datetime.fromtimestamp(start.start_at_unix_ns / 1e9).strftime("%H:%M:%S")
-                print(
-                    f"study {study_id}: {study_start.describe(found, values)} on {selector.describe(node_selector)} "
-                    f"({len(expect)} online agent(s) selected), start at {at}",
-                    flush=True,
-                )
-            replies = await operator_side.send_command(session, command, key, expect, values["wait"])
-        accepted = [r for r in replies if r.accepted]
-        if values["json"]:
-            body = {
-                "study": study_id,
-                "command_id": command.command_id,
-                "points": [
-                    {"index": i, "workload": w, "power_limit": limit, "batch_size": b}
-                    for i, (w, limit, b) in enumerate(found.points())
-                ],
-                "replies": [render.reply_dict(r) for r in replies],
-            }
-            print(json.dumps(body, indent=2))
-        else:
-            print(render.replies_table(replies, expect) if replies or expect else "no agent answered")
-            if accepted:
-                print(f"\nwatch it:  gpuprobe study status {study_id}\nreport:    gpuprobe study report {study_id}")
-        if not accepted:
-            return 1
-        return 0 if len(accepted) == len(replies) else 3
-
-    return control_cli._run_async(name, values, main)
+    command.probe_start.gpu_indices.extend(values["gpus"] or [])
+    points = [
+        {"index": i, "workload": w, "power_limit": limit, "batch_size": b}
+        for i, (w, limit, b) in enumerate(found.points())
+    ]
+    return control_cli.send_start(
+        name,
+        values,
+        command,
+        key,
+        headline=f"study {study_id}: {study_start.describe(found, values)}",
+        json_head={"study": study_id},
+        json_extra={"points": points},
+        next_steps=f"watch it:  gpuprobe study status {study_id}\nreport:    gpuprobe study report {study_id}",
+    )
 
 
 # --- study status -----------------------------------------------------------------------------------
