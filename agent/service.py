@@ -74,6 +74,9 @@ class Agent:
         self._flush_now: asyncio.Event | None = None
         self._last_drop_log = 0.0
         self._unspooled = Unspooled(settings.spool_memory_max_bytes)
+        # one flush at a time: the stop's last flush waits for the flusher's, which is never cut off
+        # mid-append (the spool would have the batch while it is still held here: spooled twice)
+        self._flush_lock = asyncio.Lock()
         self._spool_failing_since: float | None = None
         self._last_spool_error_log = 0.0
 
@@ -340,10 +343,16 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._flush_now.wait(), self.settings.flush_interval_s)
             self._flush_now.clear()
-            await self._flush()
+            # shielded: cancelling the flusher (at stop) must not abandon an append the spool's thread
+            # completes anyway; the stop's own flush then waits for this one (the lock)
+            await asyncio.shield(self._flush())
 
     async def _flush(self) -> None:
         """Moves the open batch into the spool, after any batches that wait in memory for room."""
+        async with self._flush_lock:
+            await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
         taken = self.batcher.take()
         if taken is not None:
             self._unspooled.append(*taken)

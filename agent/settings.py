@@ -33,6 +33,7 @@ class TlsSettings:
 @dataclass(frozen=True)
 class UplinkSettings:
     targets: list[str]
+    agent_id: str = ""  # picks the first of several targets (uplink.first_choice); "" : the first
     tls: TlsSettings | None = None
     token: str | None = None
     keepalive_s: float = 30.0
@@ -111,7 +112,7 @@ class AgentSettings:
             spool_max_bytes=int(v["spool_max_bytes"]),
             spool_max_age_s=float(v["spool_max_age"]),
             spool_memory_max_bytes=int(v["spool_memory_max_bytes"]),
-            uplink=_uplink_settings(v),
+            uplink=_uplink_settings(v, ident.agent_id),
             grace_s=float(v["grace"]),
             metrics_listen=_metrics_listen(v),
             trainer_socket=trainer_socket,
@@ -221,7 +222,7 @@ def _identity(v: dict[str, Any]) -> common_pb2.AgentIdentity:
     return ident
 
 
-def _uplink_settings(v: dict[str, Any]) -> UplinkSettings:
+def _uplink_settings(v: dict[str, Any], agent_id: str = "") -> UplinkSettings:
     """The collectors, the credentials (token, TLS) and the stream's pacing."""
     try:
         targets = split_addresses(v["collector"])
@@ -230,6 +231,7 @@ def _uplink_settings(v: dict[str, Any]) -> UplinkSettings:
     _need(bool(targets), "no collector: pass --collector HOST[:PORT][,HOST[:PORT]...] (or GPUPROBE_COLLECTOR)")
     return UplinkSettings(
         targets=targets,
+        agent_id=agent_id,
         tls=_tls_settings(v),
         token=_token(v),
         keepalive_s=float(v["keepalive"]),

@@ -9,8 +9,11 @@ One session is one bidirectional stream to one collector::
     receiver: Welcome (within welcome_timeout_s), then Acks: delete seq <= durable_seq from the
               spool, log and count rejections
 
-When a session ends for any reason the uplink opens a new one, after a pause: the next address at
-once while there are addresses that have not failed in this round, then exponential backoff with
+With several addresses (``--collector a,b,c``) an agent starts at the one a stable hash of its
+agent id picks (:func:`first_choice`: SHA-256, the same in every process and release), so a fleet
+spreads over the collectors, and fails over in the given order from there (b, c, a for an agent
+that starts at b). When a session ends for any reason the uplink opens a new one, after a pause: the
+next address at once while there are addresses that have not failed in this round, then exponential backoff with
 jitter (``reconnect_min_s`` doubling up to ``reconnect_max_s``, each pause drawn uniformly from its
 upper half). A refusal that will not go away by itself waits ``auth_retry_s`` and is logged as an
 error: refused credentials (UNAUTHENTICATED, PERMISSION_DENIED) and a refused identity or stream
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import sqlite3
 import time
@@ -86,6 +90,16 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+def first_choice(agent_id: str, count: int) -> int:
+    """The index of the address an agent tries first, of ``count``: a stable hash of its id (not
+    Python's ``hash()``, which differs between processes), so agents spread evenly over collectors
+    and each comes back to the same one after a restart."""
+    if count <= 1:
+        return 0
+    digest = hashlib.sha256(agent_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % count
+
+
 class SessionError(ProtocolError):
     """Ends one session; ``code`` is the gRPC status where there is one."""
 
@@ -134,7 +148,7 @@ class Uplink:
         self._call: Any = None
         self._task: asyncio.Task[None] | None = None
         self._sessions = 0
-        self.target_index = 0
+        self.target_index = first_choice(settings.agent_id, len(settings.targets)) if settings.agent_id else 0
         self.connected_to: str | None = None
         self._last_failure: tuple[str, Any, str] | None = None
         self._last_failure_logged = 0.0

@@ -88,6 +88,20 @@ OPTIONS = [
         default=1_000_000,
         metavar="N",
     ),
+    Option(
+        "ack_after",
+        "when an agent's batch is acknowledged: wal (once durable in this collector's WAL) or sink (once "
+        "InfluxDB has it; the agents' spools buffer meanwhile, nothing acked is left in the WAL)",
+        default="wal",
+        choices=["wal", "sink"],
+    ),
+    Option(
+        "drain_timeout",
+        "on SIGTERM: how long to finish acks and write the WAL into InfluxDB before exiting (what is left "
+        "stays in the WAL and is logged)",
+        parse_duration,
+        default=25.0,
+    ),
     Option("tls_cert", "server certificate (PEM)", type=_path, metavar="FILE"),
     Option("tls_key", "server private key (PEM)", type=_path, metavar="FILE"),
     Option("tls_client_ca", "CA of agent certificates: requires mutual TLS", type=_path, metavar="FILE"),
@@ -207,6 +221,8 @@ def config_from_options(values: dict[str, Any]) -> CollectorSettings:
         tokens_file=values["tokens_file"],
         insecure=values["insecure"],
         metrics_listen=values["metrics_listen"],
+        ack_after=values["ack_after"],
+        drain_timeout_s=values["drain_timeout"],
         limits=limits,
         influx=InfluxSettings.from_option_values(
             values,
@@ -261,7 +277,8 @@ COMMANDS = [
         description=(
             "Receives the agents' telemetry streams (gRPC, TLS and/or tokens), validates and encodes the "
             "samples as InfluxDB line protocol, acknowledges each batch once it is durable in the "
-            "write-ahead log (--wal) and writes the log into InfluxDB in gzip batches. "
+            "write-ahead log (--wal; with --ack-after sink: once InfluxDB has it) and writes the log into "
+            "InfluxDB in gzip batches. SIGTERM drains it: streams end, the WAL is written into InfluxDB. "
             "See docs/operations.md and docs/schema.md."
         ),
         run=run,

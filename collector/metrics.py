@@ -33,6 +33,11 @@ class Metrics:
             "Batches recognized as replays of batches already durable (acked, not stored again)",
             registry=r,
         )
+        self.acks_waiting_for_influxdb = Gauge(
+            "gpuprobe_collector_acks_waiting_for_influxdb",
+            "Batches stored in the WAL whose ack waits for InfluxDB to have them (--ack-after sink)",
+            registry=r,
+        )
         self.samples_received = Counter(
             "gpuprobe_collector_samples_received", "Samples received in stored batches", registry=r
         )

@@ -7,6 +7,12 @@ connections over them), has its own WAL file ``collector-<i>.sqlite``, its own s
 systemd READY when every worker is serving, pings the watchdog while they all live, forwards
 SIGTERM, and exits non-zero when a worker dies (systemd restarts the service; a worker's WAL
 survives). Workers die with the main process (``PR_SET_PDEATHSIG``).
+
+SIGTERM drains a collector (:meth:`Collector.drain`), all within ``--drain-timeout``: it refuses new
+streams, acks what is durable (``--ack-after sink``: what InfluxDB has) and ends the streams with
+UNAVAILABLE (agents move to another collector), then keeps the sink writing until the WAL is empty.
+Exit status 0 when nothing acknowledged is left in the WAL; :data:`EXIT_WAL_LEFT` (75, EX_TEMPFAIL)
+when InfluxDB did not take it all in time, after a log line that says what was left, and where.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from gpuprobe.systemd import Notifier, watchdog_interval_s
 log = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 120.0
+#: The exit status of a drain that left acknowledged lines in the WAL (EX_TEMPFAIL).
+EXIT_WAL_LEFT = 75
 
 
 def make_backend(config: CollectorSettings) -> Backend:
@@ -107,7 +115,7 @@ class Collector:
         self.wal.start()
         self.sink = Sink(self.wal, self._backend or make_backend(config), self.metrics, config.sink)
         await self.sink.start()
-        self.service = TelemetryService(config, self.wal, self.metrics, authenticator)
+        self.service = TelemetryService(config, self.wal, self.metrics, authenticator, self.sink)
         self.server = grpc.aio.server(handlers=[self.service.handler()], options=server_options(config))
         host, port = parse_address(config.listen, "--listen")
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -129,7 +137,8 @@ class Collector:
             metrics_host, metrics_port = parse_address(config.metrics_listen, "--metrics-listen")
             self.metrics.serve(metrics_host, metrics_port + self.worker if metrics_port else 0)
         log.info(
-            "collector %s worker %d serving on port %d (%s, %s); WAL %s with %d lines queued; InfluxDB %s (%s API)",
+            "collector %s worker %d serving on port %d (%s, %s); WAL %s with %d lines queued; InfluxDB %s (%s API);"
+            " batches acked once %s",
             config.collector_id,
             self.worker,
             self.port,
@@ -139,7 +148,75 @@ class Collector:
             self.wal.depth_lines,
             config.influx.url,
             config.influx.api,
+            "InfluxDB has them (--ack-after sink)" if config.ack_after == "sink" else "durable in the WAL",
         )
+
+    async def drain(self) -> int:
+        """SIGTERM: refuse new streams, ack what is durable (``sink``: what InfluxDB has) and end the
+        streams, then write the WAL into InfluxDB, all within ``drain_timeout_s``; then :meth:`stop`.
+        Returns the exit status: 0, or :data:`EXIT_WAL_LEFT` when acknowledged lines stay in the WAL
+        (logged with their number, size and the WAL's path)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self.config.drain_timeout_s
+        queued_at_start = self.wal.depth_lines
+        if self.service is not None:
+            self.service.shutdown()
+        if self.server is not None:
+            await self.server.stop(max(0.0, min(self.config.shutdown_grace_s, deadline - loop.time())))
+            self.server = None
+        streams_ended = loop.time() - started
+        if self.sink is not None:
+            self.sink.hurry()
+        while self.wal.depth_rows > 0 and self.sink is not None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        rows, lines, nbytes = self.wal.pending_summary()
+        if self.config.ack_after == "sink":
+            # only rows from an earlier run can have been acked; this run's rows were acked once written
+            _, acked_lines, acked_bytes = self.wal.pending_summary(self.wal.inherited_through)
+        else:
+            acked_lines, acked_bytes = lines, nbytes
+        elapsed = loop.time() - started
+        if not lines:
+            log.info(
+                "drained in %.2f s (streams ended after %.2f s): the WAL is empty, %d queued lines written"
+                " into InfluxDB",
+                elapsed,
+                streams_ended,
+                queued_at_start,
+            )
+        elif acked_lines:
+            log.error(
+                "drain timed out after %.2f s (--drain-timeout %g s; InfluxDB %s): %d acknowledged lines (%d bytes"
+                " compressed, %d rows) are left in the WAL %s%s. Nobody else has them: start a collector on this"
+                " WAL (gpuprobe collector --wal %s) to write them into InfluxDB",
+                elapsed,
+                self.config.drain_timeout_s,
+                "up" if self.sink is not None and self.sink.up else "DOWN",
+                acked_lines,
+                acked_bytes,
+                rows,
+                self.wal.path,
+                f" ({lines - acked_lines} more lines were never acknowledged: the agents still have them)"
+                if lines > acked_lines
+                else "",
+                self.wal.path.parent,
+            )
+        else:
+            log.warning(
+                "drain timed out after %.2f s (--drain-timeout %g s; InfluxDB %s): %d lines (%d bytes compressed,"
+                " %d rows) are left in the WAL %s; none was acknowledged (--ack-after sink): the agents still"
+                " have them and send them to another collector",
+                elapsed,
+                self.config.drain_timeout_s,
+                "up" if self.sink is not None and self.sink.up else "DOWN",
+                lines,
+                nbytes,
+                rows,
+                self.wal.path,
+            )
+        await self.stop()
+        return EXIT_WAL_LEFT if acked_lines else 0
 
     async def stop(self) -> None:
         """Ends the streams (UNAVAILABLE after acking what is durable), then stops sending and closes
@@ -195,12 +272,20 @@ async def _serve(config: CollectorSettings, worker: int, notifier: Notifier | No
         )
     else:
         fatal.cancel()
-        log.info("stopping: ending agent streams, keeping %d queued lines in the WAL", collector.wal.depth_lines)
+        log.info(
+            "stopping: ending agent streams, then writing the WAL's %d queued lines into InfluxDB"
+            " (--drain-timeout %g s in all)",
+            collector.wal.depth_lines,
+            config.drain_timeout_s,
+        )
     if notifier is not None:
         notifier.stopping()
     if watchdog is not None:
         watchdog.cancel()
-    await collector.stop()
+    if code:
+        await collector.stop()
+    else:
+        code = await collector.drain()
     return code
 
 
@@ -293,6 +378,8 @@ def _run_workers(config: CollectorSettings) -> int:
             log.error("collector worker %d exited with %d; stopping the others", worker, exit_code)
             code = 1
             forward(signal.SIGTERM, None)
+        elif exit_code and not code:
+            code = EXIT_WAL_LEFT if exit_code == EXIT_WAL_LEFT else 1  # a drain that left lines in its WAL
     notifier.stopping()
     return code
 

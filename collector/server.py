@@ -2,13 +2,15 @@
 
 One stream per agent connection (docs/wire.md): credentials are checked before anything is read
 (:mod:`.auth`), the first message must be a ``Hello`` (checked by :mod:`.validate`), then batches are
-validated and encoded (:mod:`.encode`), committed to the WAL (:mod:`.wal`) and only then acked.
+validated and encoded (:mod:`.encode`), committed to the WAL (:mod:`.wal`) and only then acked; with
+``--ack-after sink`` a batch is acked only once the sink has written its WAL row into InfluxDB
+(:meth:`.sink.Sink.written`), so nothing acked is ever left in a WAL.
 
 Inside one stream a reader task parses, checks and encodes each batch and hands it to the WAL
 (whose writer thread commits whatever arrived together in one transaction); the handler itself
 awaits those commits in order and answers with cumulative acks, coalescing the ones that are ready
-together. At most ``stream_window`` batches of a stream wait for the WAL; then the reader stops
-reading and HTTP/2 flow control slows that agent down, and nobody else.
+together. At most ``stream_window`` batches of a stream wait for the WAL (``sink``: for InfluxDB);
+then the reader stops reading and HTTP/2 flow control slows that agent down, and nobody else.
 
 Requests arrive as raw bytes and are parsed here, so that an undecodable message ends its stream
 with ``INVALID_ARGUMENT`` (gRPC's own deserializer would answer ``INTERNAL``); gRPC itself refuses
@@ -33,6 +35,7 @@ from gpuprobe.collector.auth import Authenticator
 from gpuprobe.collector.encode import StreamEncoder
 from gpuprobe.collector.metrics import Metrics
 from gpuprobe.collector.settings import CollectorSettings
+from gpuprobe.collector.sink import Sink
 from gpuprobe.collector.validate import NS_PER_S, REASON_LABELS, Identity, StreamError, check_hello
 from gpuprobe.collector.wal import WalError, WriteAheadLog
 from gpuprobe.v1 import telemetry_pb2
@@ -45,7 +48,7 @@ SERVICE = "gpuprobe.v1.TelemetryService"
 @dataclass
 class _Pending:
     seq: int
-    future: asyncio.Future[None] | None  # None: nothing to wait for (a replay or an empty batch)
+    future: asyncio.Future[Any] | None  # None: nothing to wait for (a replay or an empty batch)
     rejections: list[telemetry_pb2.BatchRejection]
 
 
@@ -57,9 +60,18 @@ class TelemetryService:
     """The servicer: one instance per collector process."""
 
     def __init__(
-        self, config: CollectorSettings, wal: WriteAheadLog, metrics: Metrics, authenticator: Authenticator
+        self,
+        config: CollectorSettings,
+        wal: WriteAheadLog,
+        metrics: Metrics,
+        authenticator: Authenticator,
+        sink: Sink | None = None,
     ) -> None:
+        if config.ack_after == "sink" and sink is None:
+            raise ValueError("--ack-after sink needs the sink")
         self.config = config
+        self.sink = sink
+        self.ack_after_sink = config.ack_after == "sink"
         self.limits = config.limits
         self.wal = wal
         self.metrics = metrics
@@ -236,7 +248,9 @@ class TelemetryService:
                 last_seq = batch.seq
                 await window.acquire()
                 self.metrics.batches_received.inc()
-                if batch.seq <= self.wal.durable_seq(identity.agent_id, spool_id):
+                # A replay of a batch durable in the WAL is acked at once, unless acks wait for InfluxDB:
+                # then it is stored again (a second row of the same points, which overwrite themselves).
+                if not self.ack_after_sink and batch.seq <= self.wal.durable_seq(identity.agent_id, spool_id):
                     self.metrics.batches_replayed.inc()
                     queue.put_nowait(_Pending(batch.seq, None, []))
                     continue
@@ -253,9 +267,8 @@ class TelemetryService:
                     )
                 encoded = self._encoder(identity).encode(batch, time.time_ns())
                 self._count(encoded.sample_count, encoded.line_count, encoded.problems)
-                future = asyncio.ensure_future(
-                    self.wal.append(identity.agent_id, spool_id, batch.seq, encoded.lines, encoded.line_count)
-                )
+                stored = self.wal.append(identity.agent_id, spool_id, batch.seq, encoded.lines, encoded.line_count)
+                future = asyncio.ensure_future(self._written(stored) if self.ack_after_sink else stored)
                 # the stream may end before the commit does: its outcome is then nobody's business
                 future.add_done_callback(_ignore_outcome)
                 queue.put_nowait(_Pending(batch.seq, future, encoded.problems.rejections()))
@@ -271,6 +284,17 @@ class TelemetryService:
             bug = StreamError(grpc.StatusCode.INTERNAL, f"collector error: {type(exc).__name__}: {exc}")
             queue.put_nowait(bug)
             return bug
+
+    async def _written(self, stored: Any) -> None:
+        """``--ack-after sink``: the batch is in the WAL, then in InfluxDB."""
+        row_id = await stored
+        if row_id is None or self.sink is None:
+            return
+        self.metrics.acks_waiting_for_influxdb.inc()
+        try:
+            await self.sink.written(row_id)
+        finally:
+            self.metrics.acks_waiting_for_influxdb.dec()
 
     def _encoder(self, identity: Identity) -> StreamEncoder:
         encoder = self._encoders.get(identity)
@@ -293,7 +317,7 @@ class TelemetryService:
             self.metrics.timestamps_flagged.inc(problems.flagged_timestamps)
 
 
-def _ignore_outcome(future: asyncio.Future[None]) -> None:
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # retrieved: no "exception was never retrieved" noise
 

@@ -12,6 +12,8 @@ from gpuprobe.collector.validate import Limits
 from gpuprobe.errors import ConfigError
 from gpuprobe.influx.settings import InfluxSettings
 
+ACK_MODES = ("wal", "sink")
+
 
 class CollectorConfigError(ConfigError):
     """A setting or a combination of settings that cannot work (the message says which)."""
@@ -53,6 +55,10 @@ class CollectorSettings:
     #: and HTTP/2 flow control slows the agent down).
     stream_window: int = 64
     shutdown_grace_s: float = 5.0
+    #: When a batch is acked: ``wal`` once it is durable in the WAL, ``sink`` once InfluxDB has it.
+    ack_after: str = "wal"
+    #: SIGTERM: how long the drain (finish acks, then write the WAL into InfluxDB) may take in all.
+    drain_timeout_s: float = 25.0
     limits: Limits = field(default_factory=Limits)
     influx: InfluxSettings = field(default_factory=InfluxSettings)
     sink: SinkSettings = field(default_factory=SinkSettings)
@@ -114,5 +120,9 @@ class CollectorSettings:
             raise CollectorConfigError("--influx-gzip-level must be 0-9")
         if self.sink.batch_lines < 1 or self.sink.concurrency < 1:
             raise CollectorConfigError("--sink-batch-lines and --sink-concurrency must be at least 1")
+        if self.ack_after not in ACK_MODES:
+            raise CollectorConfigError(f"--ack-after must be one of {', '.join(ACK_MODES)}, not {self.ack_after!r}")
+        if self.drain_timeout_s < 0:
+            raise CollectorConfigError("--drain-timeout must not be negative")
         if self.wal_max_bytes < 1 << 20:
             raise CollectorConfigError("--wal-max-bytes must be at least 1 MiB")

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -283,8 +286,21 @@ class SinkSettings:
     isolate_budget: int = 64
 
 
+@dataclass
+class _Chunk:
+    """Rows read together, sent as one request; ``done`` once InfluxDB has them (or refused some for good)."""
+
+    last_id: int
+    done: bool = False
+
+
 class Sink:
-    """Sends the WAL's pending rows to a :class:`Backend` until stopped."""
+    """Sends the WAL's pending rows to a :class:`Backend` until stopped.
+
+    It also knows which rows InfluxDB has: every row up to :attr:`written_through` was answered 2xx
+    (or its refused lines were quarantined). Chunks are read in id order but finish in any order, so
+    that mark only moves past a chunk once every chunk before it finished too. :meth:`written` waits
+    for it (``--ack-after sink``)."""
 
     def __init__(self, wal: WriteAheadLog, backend: Backend, metrics: Metrics, settings: SinkSettings) -> None:
         self.wal = wal
@@ -292,7 +308,14 @@ class Sink:
         self.metrics = metrics
         self.settings = settings
         self._wake = asyncio.Event()
-        self._queue: asyncio.Queue[list[PendingRow]] = asyncio.Queue(maxsize=max(1, settings.concurrency))
+        self._hurry = asyncio.Event()  # set by a drain: partly filled requests no longer linger
+        self._queue: asyncio.Queue[tuple[_Chunk, list[PendingRow]]] = asyncio.Queue(
+            maxsize=max(1, settings.concurrency)
+        )
+        self._chunks: deque[_Chunk] = deque()
+        self.written_through = 0  # every pending row id up to this one is in InfluxDB (or quarantined)
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # heap of (row id, tiebreak, future)
+        self._tiebreak = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
         self._last_alert_log: dict[int | None, float] = {}
         self._last_retry_log: dict[tuple[int | None, str], float] = {}
@@ -307,8 +330,24 @@ class Sink:
         for i in range(max(1, self.settings.concurrency)):
             self._tasks.append(asyncio.create_task(self._work(), name=f"sink-worker-{i}"))
 
+    async def written(self, row_id: int) -> None:
+        """Returns once InfluxDB has the WAL row ``row_id`` (2xx, or its refused lines quarantined)."""
+        if row_id <= self.written_through:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (row_id, next(self._tiebreak), future))
+        await future
+
+    def hurry(self) -> None:
+        """From now on partly filled requests go out at once (``--sink-linger`` no longer applies):
+        a drain writes what the WAL holds without waiting for lines that will not come."""
+        self._hurry.set()
+
     async def stop(self) -> None:
         """Stops sending; requests in flight are abandoned (their rows stay in the WAL)."""
+        for _, _, future in self._waiters:
+            future.cancel()
+        self._waiters.clear()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -328,18 +367,31 @@ class Sink:
             self._wake.clear()
             rows = await asyncio.to_thread(self.wal.read_after, after, target)
             if rows and sum(r.line_count for r in rows) < target and self.settings.linger_s > 0:
-                await asyncio.sleep(self.settings.linger_s)
+                with contextlib.suppress(TimeoutError):  # a drain does not wait for more lines
+                    await asyncio.wait_for(self._hurry.wait(), self.settings.linger_s)
                 rows = await asyncio.to_thread(self.wal.read_after, after, target)
             if not rows:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=1.0)
                 continue
             after = rows[-1].id
-            await self._queue.put(rows)
+            chunk = _Chunk(after)
+            self._chunks.append(chunk)
+            await self._queue.put((chunk, rows))
+
+    def _chunk_done(self, chunk: _Chunk) -> None:
+        chunk.done = True
+        while self._chunks and self._chunks[0].done:
+            self.written_through = self._chunks.popleft().last_id
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= self.written_through:
+            _, _, future = heapq.heappop(waiters)
+            if not future.done():
+                future.set_result(None)
 
     async def _work(self) -> None:
         while True:
-            rows = await self._queue.get()
+            chunk, rows = await self._queue.get()
             refused: list[tuple[bytes, int | None, str]] = []
             backoff = self._backoff()
             while True:
@@ -351,6 +403,7 @@ class Sink:
                     log.exception("sending %d WAL rows failed unexpectedly; sending them again", len(rows))
                     refused.clear()
                     await backoff.wait()
+            self._chunk_done(chunk)
             # deleting the rows waits for a WAL commit (an fsync): the next request need not wait for it
             settle = asyncio.ensure_future(self.wal.settle(rows, refused))
             self._settling.add(settle)

@@ -149,8 +149,9 @@ class PendingRow:
 class _Op:
     kind: str  # "append" | "delete" | "quarantine"
     args: Any
-    future: asyncio.Future[None] | None
+    future: asyncio.Future[Any] | None
     nbytes: int = 0
+    result: Any = None  # an append's pending row id (None: an empty batch, no row)
 
 
 def wal_path(directory: Path, worker: int) -> Path:
@@ -178,8 +179,9 @@ class WriteAheadLog:
                 agent: (spool, seq)
                 for agent, spool, seq in self._db.execute("SELECT agent_id, spool_id, durable_seq FROM agents")
             }
-            rows, lines, nbytes = self._db.execute(
-                "SELECT count(*), coalesce(sum(line_count), 0), coalesce(sum(length(lines)), 0) FROM pending"
+            rows, lines, nbytes, inherited = self._db.execute(
+                "SELECT count(*), coalesce(sum(line_count), 0), coalesce(sum(length(lines)), 0),"
+                " coalesce(max(id), 0) FROM pending"
             ).fetchone()
             self._reader = _connect(path)
         except sqlite3.Error as exc:
@@ -188,6 +190,8 @@ class WriteAheadLog:
         self.depth_rows: int = rows
         self.depth_lines: int = lines
         self.depth_bytes: int = nbytes
+        #: The highest pending row id found at open: rows up to it were stored by an earlier run.
+        self.inherited_through: int = inherited
         self.quarantined_lines = 0
         self._reader_lock = threading.Lock()
         self._synchronous = "FULL"
@@ -261,9 +265,21 @@ class WriteAheadLog:
         known = self._agents.get(agent_id)
         return known[1] if known is not None and known[0] == spool_id else 0
 
-    async def append(self, agent_id: str, spool_id: str, seq: int, lines: bytes, line_count: int) -> None:
-        """Stores one batch; returns once it is committed and fsynced (raises :class:`WalError`)."""
-        await self._submit("append", (agent_id, spool_id, seq, lines, line_count), len(lines))
+    async def append(self, agent_id: str, spool_id: str, seq: int, lines: bytes, line_count: int) -> int | None:
+        """Stores one batch; returns once it is committed and fsynced (raises :class:`WalError`), with
+        the id of its ``pending`` row (None for a batch without lines, which gets no row)."""
+        result: int | None = await self._submit("append", (agent_id, spool_id, seq, lines, line_count), len(lines))
+        return result
+
+    def pending_summary(self, through_id: int | None = None) -> tuple[int, int, int]:
+        """``(rows, lines, compressed bytes)`` pending, all of them or those with ``id <= through_id``."""
+        with self._reader_lock:
+            rows, lines, nbytes = self._reader.execute(
+                "SELECT count(*), coalesce(sum(line_count), 0), coalesce(sum(length(lines)), 0) FROM pending"
+                " WHERE id <= ?",
+                (through_id if through_id is not None else 2**63 - 1,),
+            ).fetchone()
+        return int(rows), int(lines), int(nbytes)
 
     # --- the sink side --------------------------------------------------------------------------
 
@@ -307,14 +323,14 @@ class WriteAheadLog:
 
     # --- the writer thread ----------------------------------------------------------------------
 
-    async def _submit(self, kind: str, args: Any, nbytes: int) -> None:
+    async def _submit(self, kind: str, args: Any, nbytes: int) -> Any:
         if self.fatal is not None:
             raise self.fatal
         if self._thread is None:
             raise WalError("the WAL is not started")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._ops.put(_Op(kind, args, future, nbytes))
-        await future
+        return await future
 
     def _write_loop(self) -> None:
         while True:
@@ -453,9 +469,10 @@ class WriteAheadLog:
         started = time.perf_counter()
         now_ns = time.time_ns()
         # compressed here, in the writer thread, off the event loop
+        append_ops = [op for op in group if op.kind == "append"]
         appended: list[tuple[str, str, int, bytes, int]] = [
             (agent, spool, seq, gzip_bytes(lines) if count else b"", count)
-            for agent, spool, seq, lines, count in (op.args for op in group if op.kind == "append")
+            for agent, spool, seq, lines, count in (op.args for op in append_ops)
         ]
         settled = [op.args for op in group if op.kind == "settle"]
         error: BaseException | None = None
@@ -467,10 +484,14 @@ class WriteAheadLog:
             # sent again (idempotent), and the next fsync (WAL frames are ordered) makes it durable.
             self._set_synchronous("FULL" if appended else "NORMAL")
             with self._db:  # BEGIN ... COMMIT, ROLLBACK on error
-                self._db.executemany(
-                    "INSERT INTO pending(agent_id, seq, received_ns, line_count, lines) VALUES (?, ?, ?, ?, ?)",
-                    [(agent, seq, now_ns, count, lines) for agent, _, seq, lines, count in appended if count],
-                )
+                for op, (agent, _, seq, lines, count) in zip(append_ops, appended, strict=True):
+                    op.result = None
+                    if count:
+                        cursor = self._db.execute(
+                            "INSERT INTO pending(agent_id, seq, received_ns, line_count, lines) VALUES (?, ?, ?, ?, ?)",
+                            (agent, seq, now_ns, count, lines),
+                        )
+                        op.result = cursor.lastrowid
                 for agent, spool, seq, _, _ in appended:
                     known = latest.get(agent)
                     if known is None or known[0] != spool or known[1] < seq:
@@ -536,7 +557,7 @@ class WriteAheadLog:
         for op in group:
             if op.future is not None and not op.future.done():
                 if error is None:
-                    op.future.set_result(None)
+                    op.future.set_result(op.result)
                 else:
                     op.future.set_exception(error)
         if appended and error is None:

@@ -346,3 +346,56 @@ def test_v1_creates_the_database_and_retention_policy_on_first_start(
         assert "points beyond retention policy" in drained.quarantine[0][2]
     finally:
         influxdb_server.drop_database(database)
+
+
+class _GatedBackend:
+    """Answers 204, but holds the request that carries ``held`` until released."""
+
+    name = "gated"
+
+    def __init__(self, held: bytes) -> None:
+        self.held = held
+        self.release = asyncio.Event()
+
+    async def write(self, body: bytes) -> Answer:
+        if self.held in body:
+            await self.release.wait()
+        return Answer(204)
+
+    async def prepare(self) -> None:
+        return None
+
+    async def on_not_found(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        return None
+
+
+def test_written_waits_until_influxdb_has_the_row_and_every_row_before_it(tmp_path: Path) -> None:
+    """``--ack-after sink``: requests finish in any order, but a row counts as written only once every
+    row before it is written too (acks are cumulative)."""
+
+    async def scenario() -> None:
+        wal = WriteAheadLog(tmp_path / "wal.sqlite")
+        wal.start()
+        first = await wal.append("agent", "spool", 1, lines_of(0, 3), 3)
+        second = await wal.append("agent", "spool", 2, lines_of(3, 3), 3)
+        assert first is not None and second is not None and second > first
+        assert await wal.append("agent", "spool", 3, b"", 0) is None  # no lines, no row
+        backend = _GatedBackend(lines_of(0, 3))
+        sink = Sink(wal, backend, Metrics(), SinkSettings(batch_lines=3, concurrency=2, linger_s=0.0))
+        await sink.start()
+        try:
+            waiting = asyncio.ensure_future(sink.written(second))
+            await asyncio.sleep(0.5)  # the second request was answered; the first is held
+            assert not waiting.done() and sink.written_through < first
+            backend.release.set()
+            await asyncio.wait_for(waiting, 5)
+            assert sink.written_through >= second
+            await sink.written(first)  # at once
+        finally:
+            await sink.stop()
+            await asyncio.to_thread(wal.close)
+
+    asyncio.run(scenario())

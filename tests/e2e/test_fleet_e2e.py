@@ -18,6 +18,7 @@ Issues 3 (agent), 4 (collector) and 5 (trainer and probes) fit together only if 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,19 +109,17 @@ class System:
         return "\n".join(f"--- {p.name}\n{p.log()[-6000:]}" for p in self.procs)
 
     def stop_all(self) -> None:
+        # SIGTERM first, last started first: `sim run` forwards it to its agent (a SIGKILL would orphan
+        # the agent), and the agents go before the collector they deliver to
+        for p in reversed(self.procs):
+            if p.alive():
+                p.proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.proc.wait(30)
         for p in self.procs:
             if p.alive():
                 p.proc.kill()
                 p.proc.wait(10)
-
-
-@pytest.fixture
-def system(tmp_path: Path) -> Iterator[System]:
-    made = System(tmp_path, [])
-    try:
-        yield made
-    finally:
-        made.stop_all()
 
 
 def run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -264,7 +263,7 @@ def stop_agents(agents: dict[str, Proc], broker: str) -> dict[str, int]:
         assert "refused" not in a.log(), f"{host}: the collector or the agent refused something:\n{a.log()}"
         taken[host] = n_taken
     offline = {p["host"]: p["state"] for p in json.loads(run("fleet", "--broker", broker, "--json").stdout)}
-    assert all(offline[h] == "offline" for h in NODES), offline
+    assert all(offline[h] == "offline" for h in agents), offline
 
     return taken
 

@@ -16,12 +16,8 @@ while every other point and node ran.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
-import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,22 +41,6 @@ BATCH_SIZES = (8, 32)
 LIMITS = ("40%", "70%", "100%", "150W")  # 150 W: inside the A100's range only
 PRICES = {"p5.48xlarge": 98.32, "p4de.24xlarge": 40.96575, "g6.xlarge": 0.8048, "vgpu-h100": 12.0}
 WORKLOAD, SIZE = "resnet50", "tiny"
-
-
-@pytest.fixture
-def system(tmp_path: Path) -> Iterator[System]:
-    made = System(tmp_path, [])
-    try:
-        yield made
-    finally:
-        # SIGTERM first: `sim run` forwards it to its agent (a SIGKILL would orphan the agent), and the
-        # agents go before the collector they deliver to
-        for p in reversed(made.procs):
-            if p.alive():
-                p.proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.proc.wait(30)
-        made.stop_all()
 
 
 def profile_of(host: str) -> GpuProfile:
