@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,36 @@ OPTIONS = [
         "influx_retention",
         "how long a created retention policy keeps data (0 or empty: infinite)",
         parse_duration_or_none,
+    ),
+    Option(
+        "init_db",
+        "set up the database and exit: the raw retention policy (--influx-rp, else autogen; made the "
+        "default), rollup_10s and rollup_1m with their continuous queries, and the dashboards' rp_config (v1, "
+        "an admin user; safe to run again)",
+        default=False,
+        is_flag=True,
+    ),
+    Option(
+        "retention_raw", "--init-db: how long the raw data is kept (0: infinite)", parse_duration, default=7 * 86400.0
+    ),
+    Option(
+        "retention_10s",
+        "--init-db: how long the 10 s rollup is kept (0: infinite)",
+        parse_duration,
+        default=90 * 86400.0,
+    ),
+    Option(
+        "retention_1m",
+        "--init-db: how long the 1 min rollup is kept (0: infinite)",
+        parse_duration,
+        default=400 * 86400.0,
+    ),
+    Option(
+        "backfill",
+        "--init-db: also compute the rollups of the last DURATION again (data that arrived late, e.g. an agent's "
+        "spool after an outage; 0: none)",
+        parse_duration,
+        default=0.0,
     ),
     Option("influx_ca", "CA certificate file to verify an https InfluxDB", default="", metavar="FILE"),
     Option(
@@ -253,6 +285,8 @@ def run(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.collector.settings import CollectorConfigError
     from gpuprobe.collector.wal import WalError
 
+    if values["init_db"]:
+        return _init_db(values)
     try:
         config = config_from_options(values)
         return run_collector(config)
@@ -262,6 +296,48 @@ def run(values: dict[str, Any], args: argparse.Namespace) -> int:
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
+
+
+def _init_db(values: dict[str, Any]) -> int:
+    """``--init-db``: set up retention policies, rollups and continuous queries, say what changed, exit."""
+    from gpuprobe.influx.client import InfluxClient
+    from gpuprobe.influx.retention import InitDbError, RetentionPlan, backfill, init_db
+    from gpuprobe.influx.settings import InfluxSettings
+
+    if values["influx_api"] != "v1":
+        print(
+            "gpuprobe collector: error: --init-db sets up InfluxDB 1.x (--influx-api v1); for 2.x and 3.x see "
+            "docs/operations.md, Retention and rollups",
+            file=sys.stderr,
+        )
+        return 2
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
+    settings = InfluxSettings.from_option_values(values, ca_file=values["influx_ca"])
+    plan = RetentionPlan(
+        database=values["influx_db"],
+        raw_rp=values["influx_rp"] or "autogen",
+        raw_s=values["retention_raw"],
+        rollup_10s_s=values["retention_10s"],
+        rollup_1m_s=values["retention_1m"],
+    )
+    try:
+        # the settings' retention policy is where the collector writes; --init-db's statements name theirs
+        with InfluxClient(dataclasses.replace(settings, retention_policy=""), user_agent="gpuprobe-init-db") as client:
+            report = init_db(client, plan)
+            if values["backfill"] > 0:
+                minute = 60 * 10**9
+                end = (time.time_ns() // minute + 1) * minute
+                start = (end - int(values["backfill"] * 1e9)) // minute * minute
+                backfill(client, plan, start, end)
+                report.add(f"rollups of the last {format_duration(values['backfill'])} (computed again)", "changed")
+    except InitDbError as exc:
+        print(f"gpuprobe collector: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(f"InfluxDB {settings.base_url}, database {plan.database}:")
+    for line in report.lines:
+        print("  " + line)
+    print("done: " + ("changes made" if report.changed else "nothing to change"), flush=True)
+    return 0
 
 
 def _run_install(values: dict[str, Any], args: argparse.Namespace) -> int:

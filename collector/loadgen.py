@@ -4,7 +4,10 @@ Used by the collector's tests and benchmarks (and by end-to-end tests that need 
 GPUs). A :class:`SyntheticAgent` keeps its batches in an in-memory spool until they are acked,
 sends ``Hello`` with the spool state first on every stream, keeps a window of unacked batches in
 flight, reconnects with backoff and jitter after any error and then replays everything unacked
-from the oldest, exactly as docs/wire.md asks of an agent. Values come from
+from the oldest, exactly as docs/wire.md asks of an agent. Given several collector addresses it starts at the one the
+agent's stable hash picks (:func:`gpuprobe.agent.uplink.first_choice`) and, after a stream ends with an
+error, tries the next one in the given order at once, pausing with backoff only once every address
+has failed since the last ``Welcome``, as the agent's uplink does. Values come from
 :class:`SampleFactory`: NVML-like readings (integer percentages and degrees, watts from
 milliwatts, an energy counter that only grows), deterministic for a seed.
 
@@ -23,12 +26,13 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
 from gpuprobe import __version__
+from gpuprobe.agent.uplink import first_choice
 from gpuprobe.backoff import Backoff
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
@@ -167,7 +171,7 @@ class SyntheticAgent:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         spec: AgentSpec,
         *,
         credentials: grpc.ChannelCredentials | None = None,
@@ -178,9 +182,13 @@ class SyntheticAgent:
         reconnect_max_s: float = 2.0,
         channel_options: Sequence[tuple[str, object]] = (),
         server_name: str | None = None,
+        on_ack: Callable[[SyntheticAgent, int], None] | None = None,
     ) -> None:
-        self.target = target
+        self.targets = [target] if isinstance(target, str) else list(target)
+        if not self.targets:
+            raise ValueError("a synthetic agent needs at least one collector address")
         self.spec = spec
+        self.target = self.targets[first_choice(spec.id, len(self.targets))]  # the address in use
         self.factory = SampleFactory(spec, seed)
         self.credentials = credentials
         self.token = token
@@ -191,12 +199,15 @@ class SyntheticAgent:
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         self.channel_options = options
+        self.on_ack = on_ack  # called with (self, durable_seq) on each Ack, as it arrives (benchmarks)
         self.spool: OrderedDict[int, bytes] = OrderedDict()  # seq -> serialized StreamRequest
         self.next_seq = 1
         self.acked_seq = 0
         self.rejections: list[telemetry_pb2.BatchRejection] = []
         self.errors: list[StreamEvent] = []
         self.welcomes: list[telemetry_pb2.Welcome] = []
+        self.welcomed_at: list[tuple[float, str]] = []  # (time.monotonic(), address) of each Welcome
+        self._failed_in_round = 0  # sessions that failed since the last Welcome
         self.streams = 0
         self.acks = 0
         self._changed = asyncio.Event()
@@ -268,7 +279,11 @@ class SyntheticAgent:
                 if finished:
                     self._done = True
                     return
-                await backoff.wait()
+                self._failed_in_round += 1
+                if len(self.targets) > 1:  # fail over in the given order
+                    self.target = self.targets[(self.targets.index(self.target) + 1) % len(self.targets)]
+                if self._failed_in_round >= len(self.targets):
+                    await backoff.wait()
         except BaseException as exc:
             self._run_error = exc  # close() reports it instead of waiting for acks that cannot come
             raise
@@ -360,6 +375,8 @@ class SyntheticAgent:
             response = telemetry_pb2.StreamResponse.FromString(raw)
             if response.HasField("welcome"):
                 self.welcomes.append(response.welcome)
+                self.welcomed_at.append((time.monotonic(), self.target))
+                self._failed_in_round = 0
             elif response.HasField("ack"):
                 self.acks += 1
                 durable = response.ack.durable_seq
@@ -367,6 +384,8 @@ class SyntheticAgent:
                 for seq in [s for s in self.spool if s <= durable]:
                     del self.spool[seq]
                 self.acked_seq = max(self.acked_seq, durable)
+                if self.on_ack is not None:
+                    self.on_ack(self, durable)
                 self._changed.set()
         code = await call.code()
         if code != grpc.StatusCode.OK:

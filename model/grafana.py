@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuprobe.influx.retention import rp_variable_query
+
 DATASOURCE = {"type": "influxdb", "uid": "gpuprobe-influxdb"}
 SCHEMA_VERSION = 39
 HOST = '"host" =~ /^$host$/'
@@ -30,6 +32,10 @@ TF = "$timeFilter"
 BY_TIME = "GROUP BY time($__interval)"
 THERMAL_BITS = 0x20 | 0x40  # SW thermal, HW thermal (nvmlClocksEventReasons; docs/schema.md: & 96)
 POWER_BITS = 0x04 | 0x80  # SW power cap, HW power brake
+# gpu and node series in the retention policy the $rp variable picks for the time range: raw, rollup_10s or
+# rollup_1m (gpuprobe collector --init-db; docs/dashboards.md). The rollups keep the raw field names.
+GPU_M = '"$rp"."gpu"'
+NODE_M = '"$rp"."node"'
 
 
 def target(query: str, ref: str = "A", fmt: str = "time_series", alias: str = "") -> dict[str, Any]:
@@ -133,9 +139,12 @@ def variable(name: str, query: str, label: str, *, multi: bool = True) -> dict[s
     }
 
 
-HOST_VAR = variable("host", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "host"', "host")
-ONE_HOST_VAR = variable("host", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "host"', "host", multi=False)
-GPU_VAR = variable("gpu", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "gpu" WHERE "host" =~ /^$host$/', "gpu")
+RP_VAR = variable("rp", rp_variable_query(), "data", multi=False)
+RP_VAR["sort"] = 0  # one value: the policy for the range's length
+RP_VAR["description"] = "raw samples, 10 s or 1 min rollups, by the length of the time range (rp_config)"
+HOST_VAR = variable("host", f'SHOW TAG VALUES FROM {GPU_M} WITH KEY = "host"', "host")
+ONE_HOST_VAR = variable("host", f'SHOW TAG VALUES FROM {GPU_M} WITH KEY = "host"', "host", multi=False)
+GPU_VAR = variable("gpu", f'SHOW TAG VALUES FROM {GPU_M} WITH KEY = "gpu" WHERE "host" =~ /^$host$/', "gpu")
 PROBE_VAR = variable("probe", 'SHOW TAG VALUES FROM "probe" WITH KEY = "probe"', "probe", multi=False)
 
 PHASE_ANNOTATION = {
@@ -180,7 +189,7 @@ def _sum_of_gpus(field: str, where: str, by: str = "") -> str:
     """A fleet or node total: the per-GPU means summed per interval (subquery)."""
     group = f', "{by}"' if by else ""
     return (
-        f'SELECT sum("mean") FROM (SELECT mean("{field}") FROM "gpu" WHERE {where} AND {TF} '
+        f'SELECT sum("mean") FROM (SELECT mean("{field}") FROM {GPU_M} WHERE {where} AND {TF} '
         f'{BY_TIME}, "host", "gpu") WHERE {TF} {BY_TIME}{group} fill(none)'
     )
 
@@ -194,7 +203,7 @@ def fleet() -> dict[str, Any]:
             "stat",
             [
                 target(
-                    f'SELECT count("last") FROM (SELECT last("power_w") FROM "gpu" WHERE {where} GROUP BY "host", '
+                    f'SELECT count("last") FROM (SELECT last("power_w") FROM {GPU_M} WHERE {where} GROUP BY "host", '
                     '"gpu") '
                     f"WHERE {TF}"
                 )
@@ -208,8 +217,8 @@ def fleet() -> dict[str, Any]:
             "stat",
             [
                 target(
-                    f'SELECT sum("last") FROM (SELECT last("power_w") FROM "gpu" WHERE {where} GROUP BY "host", "gpu") '
-                    f"WHERE {TF}"
+                    f'SELECT sum("last") FROM (SELECT last("power_w") FROM {GPU_M} WHERE {where} '
+                    f'GROUP BY "host", "gpu") WHERE {TF}'
                 )
             ],
             w=5,
@@ -221,7 +230,7 @@ def fleet() -> dict[str, Any]:
             "stat",
             [
                 target(
-                    f'SELECT sum("spread") FROM (SELECT spread("energy_j") FROM "gpu" WHERE {where} GROUP BY "host", '
+                    f'SELECT sum("spread") FROM (SELECT spread("energy_j") FROM {GPU_M} WHERE {where} GROUP BY "host", '
                     '"gpu") '
                     f"WHERE {TF}"
                 )
@@ -232,7 +241,13 @@ def fleet() -> dict[str, Any]:
             description="Sum over GPUs of (last - first) energy counter; a counter reset makes it too low",
         ),
         lay.panel(
-            "Hottest GPU", "stat", [target(f'SELECT max("temp_c") FROM "gpu" WHERE {where}')], w=5, h=4, unit="celsius"
+            "Hottest GPU",
+            "stat",
+            [target(f'SELECT max("temp_c") FROM {GPU_M} WHERE {where}')],
+            w=5,
+            h=4,
+            unit="celsius",
+            description="On long ranges (rollups): the hottest 10 s or 1 min mean",
         ),
         lay.panel(
             "Loudest node (proxy estimate)",
@@ -253,7 +268,11 @@ def fleet() -> dict[str, Any]:
         lay.panel(
             "Hottest GPU per node",
             "timeseries",
-            [target(f'SELECT max("temp_c") FROM "gpu" WHERE {where} {BY_TIME}, "host" fill(null)', alias="$tag_host")],
+            [
+                target(
+                    f'SELECT max("temp_c") FROM {GPU_M} WHERE {where} {BY_TIME}, "host" fill(null)', alias="$tag_host"
+                )
+            ],
             unit="celsius",
         ),
         lay.panel(
@@ -261,7 +280,8 @@ def fleet() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT mean("util_pct") FROM "gpu" WHERE {where} {BY_TIME}, "host" fill(null)', alias="$tag_host"
+                    f'SELECT mean("util_pct") FROM {GPU_M} WHERE {where} {BY_TIME}, "host" fill(null)',
+                    alias="$tag_host",
                 )
             ],
             unit="percent",
@@ -295,7 +315,8 @@ def fleet() -> dict[str, Any]:
                     alias="power cap $tag_host",
                 ),
             ],
-            description="Samples per interval whose clock-event reasons carry a thermal (0x60) or power (0x84) bit",
+            description="Samples per interval whose clock-event reasons carry a thermal (0x60) or power (0x84) bit "
+            "(raw samples only: empty beyond the raw retention)",
         ),
         lay.panel(
             "GPUs now",
@@ -303,7 +324,7 @@ def fleet() -> dict[str, Any]:
             [
                 target(
                     f'SELECT last("temp_c") AS "temp °C", last("power_w") AS "power W", last("util_pct") AS "util %", '
-                    f'last("clock_event_reasons") AS "reasons" FROM "gpu" WHERE {where} GROUP BY "host", "gpu", '
+                    f'last("clock_event_reasons") AS "reasons" FROM {GPU_M} WHERE {where} GROUP BY "host", "gpu", '
                     '"model"',
                     fmt="table",
                 )
@@ -332,7 +353,7 @@ def fleet() -> dict[str, Any]:
         "gpuprobe / Fleet overview",
         "Every node at a glance: power, energy, temperature, utilization, acoustics, throttling.",
         panels,
-        [HOST_VAR],
+        [RP_VAR, HOST_VAR],
     )
 
 
@@ -346,7 +367,7 @@ def node() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT {agg}("{field}") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    f'SELECT {agg}("{field}") FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu" fill(null)',
                     alias="GPU $tag_gpu",
                 )
             ],
@@ -367,12 +388,12 @@ def node() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT mean("pcie_rx_bytes_per_s") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    f'SELECT mean("pcie_rx_bytes_per_s") FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu" fill(null)',
                     "A",
                     alias="rx GPU $tag_gpu",
                 ),
                 target(
-                    f'SELECT mean("pcie_tx_bytes_per_s") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    f'SELECT mean("pcie_tx_bytes_per_s") FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu" fill(null)',
                     "B",
                     alias="tx GPU $tag_gpu",
                 ),
@@ -384,7 +405,7 @@ def node() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT non_negative_difference(last("energy_j")) FROM "gpu" WHERE {where} {BY_TIME}, "gpu"',
+                    f'SELECT non_negative_difference(last("energy_j")) FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu"',
                     alias="GPU $tag_gpu",
                 )
             ],
@@ -395,7 +416,7 @@ def node() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT max("clock_event_reasons") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    f'SELECT max("clock_event_reasons") FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu" fill(null)',
                     alias="GPU $tag_gpu",
                 )
             ],
@@ -406,20 +427,21 @@ def node() -> dict[str, Any]:
             "Host CPU and load",
             "timeseries",
             [
-                target(f'SELECT mean("cpu_pct") FROM "node" WHERE {where} {BY_TIME} fill(null)', "A", alias="cpu %"),
-                target(f'SELECT mean("load1") FROM "node" WHERE {where} {BY_TIME} fill(null)', "B", alias="load1"),
+                target(f'SELECT mean("cpu_pct") FROM {NODE_M} WHERE {where} {BY_TIME} fill(null)', "A", alias="cpu %"),
+                target(f'SELECT mean("load1") FROM {NODE_M} WHERE {where} {BY_TIME} fill(null)', "B", alias="load1"),
             ],
         ),
         lay.panel(
             "Host memory used",
             "timeseries",
-            [target(f'SELECT mean("mem_used_bytes") FROM "node" WHERE {where} {BY_TIME} fill(null)', alias="used")],
+            [target(f'SELECT mean("mem_used_bytes") FROM {NODE_M} WHERE {where} {BY_TIME} fill(null)', alias="used")],
             unit="bytes",
         ),
         lay.panel(
             "Host hwmon temperatures",
             "timeseries",
-            [target(f'SELECT mean(/^hwmon_.*_c$/) FROM "node" WHERE {where} {BY_TIME} fill(null)')],
+            [target(f"SELECT mean(/^(mean_)?hwmon_.*_c$/) FROM {NODE_M} WHERE {where} {BY_TIME} fill(null)")],
+            description="Rollups name these fields mean_hwmon_<sensor>_c",
             unit="celsius",
         ),
         lay.panel(
@@ -448,7 +470,7 @@ def node() -> dict[str, Any]:
         "gpuprobe / Node detail",
         "One node: every GPU's telemetry, the host and its acoustics.",
         panels,
-        [ONE_HOST_VAR],
+        [RP_VAR, ONE_HOST_VAR],
     )
 
 
@@ -462,12 +484,12 @@ def gpu_thermal() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT mean("temp_c") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    f'SELECT mean("temp_c") FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu" fill(null)',
                     "A",
                     alias="GPU $tag_gpu",
                 ),
                 target(
-                    f'SELECT mean("mem_temp_c") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    f'SELECT mean("mem_temp_c") FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu" fill(null)',
                     "B",
                     alias="memory $tag_gpu",
                 ),
@@ -480,7 +502,7 @@ def gpu_thermal() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT mean("power_instant_w") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    f'SELECT mean("power_instant_w") FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu" fill(null)',
                     alias="GPU $tag_gpu",
                 )
             ],
@@ -491,7 +513,7 @@ def gpu_thermal() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT mean("sm_clock_mhz") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    f'SELECT mean("sm_clock_mhz") FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu" fill(null)',
                     alias="GPU $tag_gpu",
                 )
             ],
@@ -514,13 +536,15 @@ def gpu_thermal() -> dict[str, Any]:
                     alias="power cap GPU $tag_gpu",
                 ),
             ],
+            description="Raw samples only: empty beyond the raw retention",
         ),
         lay.panel(
             "Fan",
             "timeseries",
             [
                 target(
-                    f'SELECT mean("fan_pct") FROM "gpu" WHERE {where} {BY_TIME}, "gpu" fill(null)', alias="GPU $tag_gpu"
+                    f'SELECT mean("fan_pct") FROM {GPU_M} WHERE {where} {BY_TIME}, "gpu" fill(null)',
+                    alias="GPU $tag_gpu",
                 )
             ],
             unit="percent",
@@ -591,7 +615,7 @@ def gpu_thermal() -> dict[str, Any]:
         "gpuprobe / GPU thermal",
         "Temperatures, the power that drives them, throttling, and the fitted RC model.",
         panels,
-        [ONE_HOST_VAR, GPU_VAR],
+        [RP_VAR, ONE_HOST_VAR, GPU_VAR],
     )
 
 
@@ -698,7 +722,7 @@ def acoustics() -> dict[str, Any]:
         "gpuprobe / Acoustics",
         "Acoustic proxy estimates per GPU and node, microphone levels, and their calibration.",
         panels,
-        [HOST_VAR],
+        [RP_VAR, HOST_VAR],
     )
 
 
@@ -845,7 +869,7 @@ def probe_efficiency() -> dict[str, Any]:
         "gpuprobe / Probe efficiency",
         "One probe: throughput, power, energy, samples per joule, carbon and cost.",
         panels,
-        [PROBE_VAR, HOST_VAR],
+        [PROBE_VAR, RP_VAR, HOST_VAR],
         time_from="now-3h",
     )
 
@@ -1097,7 +1121,7 @@ def health() -> dict[str, Any]:
         "gpuprobe / Agent and collector health",
         "What reaches InfluxDB per host, and the agents' own counters.",
         panels,
-        [HOST_VAR],
+        [RP_VAR, HOST_VAR],
         time_from="now-15m",
     )
 

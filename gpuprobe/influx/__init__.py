@@ -7,6 +7,8 @@ dashboards' tests and the development servers all use it.
 - :mod:`.answers`: what a write answer means (:func:`~.answers.classify`) and InfluxDB's error text;
 - :mod:`.settings`: :class:`~.settings.InfluxSettings`, where InfluxDB is and how to authenticate;
 - :mod:`.client`: a synchronous v1 client (query, write, ping) on httpx.
+- :mod:`.retention`: retention policies, 10 s and 1 min rollups and their continuous queries
+  (``gpuprobe collector --init-db``), and the ``rp_config`` the dashboards pick a policy from.
 
 The writer and the client need orjson and httpx, which the ``collector`` and ``model`` extras carry;
 a GPU node imports only :mod:`.storable` (its agent checks its identity labels as the collector

@@ -33,6 +33,27 @@ def modelled_probe(probe_run: ProbeRun, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
+def rolled_up_probe(modelled_probe: ProbeRun) -> ProbeRun:
+    """The modelled probe's database set up by `gpuprobe collector --init-db` (rollup policies, continuous
+    queries, rp_config), with the rollups of the probe's data computed by the continuous queries' own
+    SELECT ... INTO statements (the CQs run them only for recent windows, on InfluxDB's schedule). The raw
+    policy keeps its infinite duration: tests/model shares the database."""
+    from gpuprobe.influx.client import InfluxClient
+    from gpuprobe.influx.retention import RetentionPlan, backfill, init_db
+    from gpuprobe.influx.settings import InfluxSettings
+
+    run = modelled_probe
+    plan = RetentionPlan(database=run.db, raw_s=None)
+    minute = 60 * 10**9
+    start = (run.start_ns - 2 * minute) // minute * minute
+    end = (run.end_ns + 2 * minute) // minute * minute
+    with InfluxClient(InfluxSettings(url=run.server.url, database="")) as client:
+        init_db(client, plan)
+        backfill(client, plan, start, end)
+    return run
+
+
+@pytest.fixture(scope="session")
 def reported_study(influxdb_server: InfluxDBServer) -> StudyRun:
     """The synthetic study with the `model` points (kind=study) of `gpuprobe.study.run` (the study dashboard
     reads them)."""

@@ -6,6 +6,11 @@ InfluxDB data source: a template variable inside ``/^$var$/`` becomes ``(v1|v2)`
 (regex-escaped as Grafana's ``escapeRegex``), ``$timeFilter`` becomes ``time >= Nms and time <= Nms``
 and ``$__interval`` the data source's minimum interval (1 s). Variable values come from the
 variables' own ``SHOW TAG VALUES`` queries against the same database.
+
+The retention policy variable ``$rp`` (``"$rp"."gpu"``) is given each policy in turn: empty (a
+database without ``--init-db``: the default policy), the raw policy, and the two rollups, which hold
+what the continuous queries of ``gpuprobe collector --init-db`` computed from the probe's data;
+``$__interval`` is then the rollup's resolution. A query that reads ``$rp`` must return data from each.
 """
 
 from __future__ import annotations
@@ -58,8 +63,16 @@ def escape_regex(value: str) -> str:
     return GRAFANA_REGEX_SPECIALS.sub(lambda m: "\\" + m.group(0), value)
 
 
+#: each value of $rp the tests give (empty: no --init-db, the default policy) and its $__interval
+RP_INTERVALS = {"": "1s", "autogen": "1s", "rollup_10s": "10s", "rollup_1m": "1m"}
+
+
 def substitute(query: str, values: dict[str, list[str]], time_filter: str) -> str:
-    text = query.replace("$timeFilter", time_filter).replace("$__interval", "1s")
+    (rp,) = values.get("rp", [""])
+    text = query.replace("$timeFilter", time_filter).replace("$__interval", RP_INTERVALS[rp])
+    text = text.replace('"$rp".', f'"{rp}".')
+    for ms in re.finditer(r"time >= (\d+)ms and time <= (\d+)ms", time_filter):
+        text = text.replace("${__from}", ms.group(1)).replace("${__to}", ms.group(2))
     for name, chosen in values.items():
         text = text.replace(f"/^${name}$/", "/^(" + "|".join(escape_regex(v) for v in chosen) + ")$/")
     left = VARIABLE.findall(text)
@@ -78,13 +91,17 @@ def non_empty(series: list[Any]) -> bool:
 
 
 def variable_combinations(
-    dashboard: dict[str, Any], run: ProbeRun | StudyRun, time_filter: str
+    dashboard: dict[str, Any], run: ProbeRun | StudyRun, time_filter: str, rp: str | None = None
 ) -> list[dict[str, list[str]]]:
     """Every choice Grafana allows that matters: multi-value variables get all their values (All),
-    single-value ones each of their values in turn."""
+    single-value ones each of their values in turn; ``$rp`` the given policy (None: its own query's)."""
     options: list[list[tuple[str, list[str]]]] = []
     resolved: dict[str, list[str]] = {}
     for var in dashboard["templating"]["list"]:
+        if var["name"] == "rp" and rp is not None:
+            resolved["rp"] = [rp]
+            options.append([("rp", [rp])])
+            continue
         query = substitute(var["query"], resolved, time_filter)
         answer = run.server.query(run.db, query)
         values = sorted({str(row[1]) for s in answer for row in s.values})
@@ -104,23 +121,55 @@ DATA = {"study.json": "reported_study"}
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(grafana.DASHBOARDS))
 def test_every_panel_query_returns_data(name: str, request: pytest.FixtureRequest) -> None:
-    run: ProbeRun | StudyRun = request.getfixturevalue(DATA.get(name, "modelled_probe"))
+    run: ProbeRun | StudyRun = request.getfixturevalue(DATA.get(name, "rolled_up_probe"))
     dashboard = load_dashboards()[name]
     from_ms, to_ms = run.start_ns // 10**6 - 60_000, run.end_ns // 10**6 + 60_000
     time_filter = f"time >= {from_ms}ms and time <= {to_ms}ms"
-    combos = variable_combinations(dashboard, run, time_filter)
+    has_rp = any(v["name"] == "rp" for v in dashboard["templating"]["list"])
+    policies: list[str | None] = list(RP_INTERVALS) if has_rp else [None]
     empty = []
     for where, query in queries_of(dashboard):
-        answers = []
-        for values in combos:
-            text = substitute(query, values, time_filter)
-            try:
-                answers.append(non_empty(run.server.query(run.db, text)))
-            except InfluxDBError as e:
-                pytest.fail(f"{name}: {where} fails with {values}: {e}\n{text}")
-        if not any(answers):
-            empty.append(f"{where}: {query}")
+        # a query that does not read $rp answers the same for every policy: asked once
+        for rp in policies if "$rp" in query else policies[:1]:
+            answers = []
+            for values in variable_combinations(dashboard, run, time_filter, rp):
+                text = substitute(query, values, time_filter)
+                try:
+                    answers.append(non_empty(run.server.query(run.db, text)))
+                except InfluxDBError as e:
+                    pytest.fail(f"{name}: {where} fails with {values}: {e}\n{text}")
+            if not any(answers) and not (rp and "difference(" in query and windows_per_gpu(run, rp) < 2):
+                empty.append(f"{where} (rp {rp!r}): {query}")
     assert not empty, f"{name}: queries without data:\n" + "\n".join(empty)
+
+
+def windows_per_gpu(run: ProbeRun | StudyRun, rp: str) -> int:
+    """The most points one GPU has in a policy: a difference needs two (the probe lasts about 45 s, so
+    it may fall into one 1 min window)."""
+    answer = run.server.query(run.db, f'SELECT count("power_w") FROM "{rp}"."gpu" GROUP BY "host", "gpu"')
+    return max((int(row[1]) for s in answer for row in s.values), default=0)
+
+
+@pytest.mark.slow
+def test_the_rp_variable_picks_the_policy_by_the_length_of_the_range(rolled_up_probe: ProbeRun) -> None:
+    run = rolled_up_probe
+    (rp_var,) = [v for v in load_dashboards()["node-detail.json"]["templating"]["list"] if v["name"] == "rp"]
+    to_ms = run.end_ns // 10**6
+    hour = 3_600_000
+    expected = {
+        15 * 60_000: "autogen",
+        3 * hour: "autogen",
+        3 * hour + 1: "rollup_10s",
+        24 * hour: "rollup_10s",
+        48 * hour: "rollup_10s",
+        48 * hour + 1: "rollup_1m",
+        90 * 24 * hour: "rollup_1m",
+        5 * 365 * 24 * hour: "rollup_1m",
+    }
+    for span, rp in expected.items():
+        time_filter = f"time >= {to_ms - span}ms and time <= {to_ms}ms"
+        answer = run.server.query(run.db, substitute(rp_var["query"], {}, time_filter))
+        assert [row[1] for s in answer for row in s.values] == [rp], span
 
 
 def test_committed_dashboards_are_what_the_generator_writes() -> None:
@@ -145,6 +194,9 @@ def test_dashboards_follow_the_query_conventions() -> None:
     for name, d in dashboards.items():
         variables = {v["name"] for v in d["templating"]["list"]}
         for v in d["templating"]["list"]:
+            if v["name"] == "rp":
+                assert v["query"] == grafana.rp_variable_query() and not v["multi"] and not v["includeAll"]
+                continue
             assert v["query"].startswith("SHOW TAG VALUES FROM"), (name, v["name"])
             assert v["datasource"]["uid"] == grafana.DATASOURCE["uid"]
         ids = [p["id"] for p in panels_of(d)]
@@ -161,6 +213,9 @@ def test_dashboards_follow_the_query_conventions() -> None:
             assert "$timeFilter" in query, f"{name}: {where} ignores the time range"
             used = {m for m in VARIABLE.findall(query) if m not in ("timeFilter", "__interval")}
             assert used <= variables, f"{name}: {where} uses undefined variables {used - variables}"
+            if "rp" in used:  # only as the retention policy of a gpu or node query
+                assert query.count("$rp") == query.count('"$rp"."gpu"') + query.count('"$rp"."node"'), (name, where)
+                used.discard("rp")
             for var in used:
                 assert query.count(f"/^${var}$/") == query.count(f"${var}"), f"{name}: {where}: ${var} outside /^$…$/"
 

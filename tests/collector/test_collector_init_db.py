@@ -1,0 +1,250 @@
+"""``gpuprobe collector --init-db``: retention policies, rollups and continuous queries on a real InfluxDB
+1.x, safe to run again; the rollups hold what docs/schema.md says, computed by the real continuous queries."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
+from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.retention import (
+    GPU_10S,
+    NODE_FIELDS,
+    ROLLUP_1M,
+    ROLLUP_10S,
+    InitDbError,
+    RetentionPlan,
+    backfill,
+    continuous_queries,
+    init_db,
+)
+from gpuprobe.influx.settings import InfluxSettings
+
+SCHEMA = (Path(__file__).resolve().parents[2] / "docs" / "schema.md").read_text()
+NS = 10**9
+IDENTITY = "cluster=c,host=node-a,virt=bare_metal"
+
+
+def gpu_line(gpu: int, t_ns: int, i: int) -> str:
+    temp = 40.0 + (i % 20)
+    return (
+        f"gpu,{IDENTITY},gpu={gpu},model=H100,uuid=GPU-{gpu} util_pct={float(i % 101)},mem_util_pct=10.0,"
+        f"mem_used_bytes={1000 + i}i,mem_total_bytes=80000i,power_w={100.0 + i % 50},power_instant_w={90.0 + i % 70},"
+        f"energy_j={1000.0 + 10 * i},temp_c={temp},mem_temp_c={temp + 5},sm_clock_mhz={1980 - (i % 3)}i,"
+        f"mem_clock_mhz=2619i,power_limit_w=700.0,clock_event_reasons={0 if i % 7 else 64}i,"
+        f"pcie_tx_bytes_per_s=1.5,pcie_rx_bytes_per_s=2.5,fan_pct=30.0 {t_ns}"
+    )
+
+
+def node_line(t_ns: int, i: int) -> str:
+    return (
+        f"node,{IDENTITY} cpu_pct={float(i % 100)},mem_used_bytes={5000 + i}i,mem_total_bytes=9000i,load1=1.5,"
+        f"hwmon_coretemp_package_id_0_c={50.0 + i % 4} {t_ns}"
+    )
+
+
+@pytest.fixture
+def client(influxdb: InfluxDBDatabase) -> Iterator[InfluxClient]:
+    with InfluxClient(InfluxSettings(url=influxdb.server.url, database="")) as c:
+        yield c
+
+
+def policies(influxdb: InfluxDBDatabase) -> dict[str, tuple[str, str, bool]]:
+    answer = influxdb.server.execute(f'SHOW RETENTION POLICIES ON "{influxdb.name}"')
+    return {row[0]: (row[1], row[2], row[4]) for s in answer for row in s.values}
+
+
+def gpuprobe(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuprobe", "collector", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def test_init_db_creates_policies_and_queries_and_is_safe_to_run_again(influxdb: InfluxDBDatabase) -> None:
+    base = ["--init-db", "--influx-url", influxdb.server.url, "--influx-db", influxdb.name]
+    first = gpuprobe(*base)
+    assert first.returncode == 0, first.stderr
+    assert "created   retention policy rollup_10s (duration 90d)" in first.stdout
+    assert "changed   retention policy autogen (duration 7d, default)" in first.stdout
+    assert "created   continuous query gpu_rollup_10s" in first.stdout
+    assert policies(influxdb) == {
+        "autogen": ("168h0m0s", "24h0m0s", True),
+        "rollup_10s": ("2160h0m0s", "24h0m0s", False),
+        "rollup_1m": ("9600h0m0s", "168h0m0s", False),
+        "forever": ("0s", "168h0m0s", False),
+    }
+    cqs = {
+        row[0]
+        for s in influxdb.server.execute("SHOW CONTINUOUS QUERIES")
+        if s.name == influxdb.name
+        for row in s.values
+    }
+    assert cqs == {"gpu_rollup_10s", "gpu_rollup_1m", "node_rollup_10s", "node_rollup_1m"}
+
+    again = gpuprobe(*base)
+    assert again.returncode == 0, again.stderr
+    assert "done: nothing to change" in again.stdout
+    assert not re.search(r"^\s+(created|changed)", again.stdout, re.M), again.stdout
+
+    changed = gpuprobe(*base, "--retention-raw", "1d", "--retention-1m", "0")
+    assert changed.returncode == 0, changed.stderr
+    assert "changed   retention policy autogen (duration 1d, default)" in changed.stdout
+    assert "changed   retention policy rollup_1m (duration INF)" in changed.stdout
+    assert "unchanged retention policy rollup_10s" in changed.stdout
+    assert policies(influxdb)["autogen"] == ("24h0m0s", "1h0m0s", True)
+    assert policies(influxdb)["rollup_1m"][0] == "0s"
+
+
+def test_init_db_uses_influx_rp_as_the_raw_policy_and_creates_it(influxdb: InfluxDBDatabase) -> None:
+    done = gpuprobe(
+        "--init-db", "--influx-url", influxdb.server.url, "--influx-db", influxdb.name, "--influx-rp", "raw"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "created   retention policy raw (duration 7d, default)" in done.stdout
+    assert policies(influxdb)["raw"][2] is True
+    answer = influxdb.query('SELECT "rp" FROM "forever"."rp_config" WHERE "min_range_ms" = 0')
+    assert [row[1] for s in answer for row in s.values] == ["raw"]
+    cqs = [
+        row[1]
+        for s in influxdb.server.execute("SHOW CONTINUOUS QUERIES")
+        if s.name == influxdb.name
+        for row in s.values
+    ]
+    assert any(f"FROM {influxdb.name}.raw.gpu" in q for q in cqs), cqs
+
+
+def test_a_changed_continuous_query_is_replaced(influxdb: InfluxDBDatabase, client: InfluxClient) -> None:
+    plan = RetentionPlan(database=influxdb.name)
+    init_db(client, plan)
+    influxdb.server.execute(f'DROP CONTINUOUS QUERY "gpu_rollup_10s" ON "{influxdb.name}"')
+    influxdb.server.execute(
+        f'CREATE CONTINUOUS QUERY "gpu_rollup_10s" ON "{influxdb.name}" BEGIN SELECT mean("power_w") INTO '
+        f'"{influxdb.name}"."rollup_10s"."gpu" FROM "{influxdb.name}"."autogen"."gpu" GROUP BY time(10s), * END'
+    )
+    report = init_db(client, plan)
+    assert "changed   continuous query gpu_rollup_10s (every 10s, for 30s)" in report.lines
+    assert not init_db(client, plan).changed
+
+
+def test_errors_say_what_is_wrong(influxdb: InfluxDBDatabase) -> None:
+    down = gpuprobe("--init-db", "--influx-url", "http://127.0.0.1:9", "--influx-db", "x")
+    assert down.returncode == 1
+    assert "error: cannot reach InfluxDB at http://127.0.0.1:9" in down.stderr
+    v2 = gpuprobe("--init-db", "--influx-api", "v2", "--influx-org", "o", "--influx-bucket", "b", "--influx-token", "t")
+    assert v2.returncode == 2 and "--init-db sets up InfluxDB 1.x" in v2.stderr
+    bad = gpuprobe("--init-db", "--influx-url", influxdb.server.url, "--influx-db", influxdb.name, "--influx-rp", "a-b")
+    assert bad.returncode == 1 and "letters, digits and _ only" in bad.stderr
+    with pytest.raises(InitDbError, match="cannot be named 'rollup_10s'"):
+        RetentionPlan(database="x", raw_rp=ROLLUP_10S).check()
+
+
+def test_backfill_computes_the_rollups_the_schema_documents(influxdb: InfluxDBDatabase, client: InfluxClient) -> None:
+    plan = RetentionPlan(database=influxdb.name, raw_s=None)
+    init_db(client, plan)
+    start = (time.time_ns() // (60 * NS) - 5) * 60 * NS  # five whole minutes ago: outside the CQs' window
+    lines = [gpu_line(g, start + i * NS // 10 + g, i) for i in range(1200) for g in (0, 1)]  # 2 minutes at 10 Hz
+    lines += [node_line(start + i * NS, i) for i in range(120)]
+    influxdb.write_lines(lines)
+    backfill(client, plan, start, start + 2 * 60 * NS)
+
+    ten = influxdb.query(f'SELECT * FROM "{ROLLUP_10S}"."gpu" WHERE "gpu" = \'0\' ORDER BY time')[0].rows()
+    assert len(ten) == 12 and ten[0]["time"] == start
+    raw = influxdb.query(
+        f'SELECT mean("power_w"), max("temp_c"), last("energy_j"), count("temp_c"), max("clock_event_reasons") '
+        f'FROM "gpu" WHERE "gpu" = \'0\' AND time >= {start} AND time < {start + 10 * NS}'
+    )[0].rows()[0]
+    assert ten[0]["power_w"] == pytest.approx(raw["mean"])
+    assert ten[0]["temp_c_max"] == raw["max"] and ten[0]["energy_j"] == raw["last"]
+    assert ten[0]["samples"] == raw["count"] == 100 and ten[0]["clock_event_reasons"] == raw["max_1"] == 64
+    assert ten[0]["host"] == "node-a" and ten[0]["uuid"] == "GPU-0" and ten[0]["model"] == "H100"  # tags kept
+
+    minute = influxdb.query(f'SELECT * FROM "{ROLLUP_1M}"."gpu" WHERE "gpu" = \'1\' ORDER BY time')[0].rows()
+    assert [row["samples"] for row in minute] == [600, 600]
+    raw_minute = influxdb.query(
+        f'SELECT mean("temp_c"), min("temp_c"), last("energy_j") FROM "gpu" WHERE "gpu" = \'1\' '
+        f"AND time >= {start} AND time < {start + 60 * NS}"
+    )[0].rows()[0]
+    assert minute[0]["temp_c"] == pytest.approx(raw_minute["mean"])
+    assert minute[0]["temp_c_min"] == raw_minute["min"] and minute[0]["energy_j"] == raw_minute["last"]
+
+    node = influxdb.query(f'SELECT * FROM "{ROLLUP_1M}"."node" ORDER BY time')[0].rows()
+    assert len(node) == 2 and node[0]["mean_hwmon_coretemp_package_id_0_c"] == pytest.approx(51.5)
+    assert node[0]["cpu_pct"] == pytest.approx(29.5) and node[0]["mem_total_bytes"] == 9000
+
+    # the types docs/schema.md gives for the rollups
+    rows = re.findall(r"^\| `(gpu|node)` \| `([a-z0-9_<>]+)` \| (float|integer) \|", SCHEMA, re.M)
+    documented = {f"{m}.{f}": t for m, f, t in rows}
+    for measurement, fields in (("gpu", GPU_10S), ("node", NODE_FIELDS)):
+        for rp in (ROLLUP_10S, ROLLUP_1M):
+            keys = influxdb.query(f'SHOW FIELD KEYS FROM "{rp}"."{measurement}"')[0].values
+            types = {str(k): str(t) for k, t in keys}
+            if measurement == "node":
+                assert types.pop("mean_hwmon_coretemp_package_id_0_c") == documented["node.mean_hwmon_<sensor>_c"]
+            documented_here = {f: documented[f"{measurement}.{f}"] for f, _, _ in fields}
+            assert types == documented_here, (measurement, rp)
+
+
+@pytest.mark.slow
+def test_the_continuous_queries_run_on_influxdbs_schedule(influxdb: InfluxDBDatabase, client: InfluxClient) -> None:
+    """Not the backfill: InfluxDB itself runs gpu_rollup_10s (every 10 s, over the last 30 s)."""
+    init_db(client, RetentionPlan(database=influxdb.name, raw_s=None))
+    now = time.time_ns()
+    # 25 s of samples up to now: at least one whole 10 s window, which the next runs (over the last 30 s) cover
+    influxdb.write_lines([gpu_line(0, now - 25 * NS + i * NS // 10, i) for i in range(250)])
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        series = influxdb.query(f'SELECT "samples", "power_w" FROM "{ROLLUP_10S}"."gpu"')
+        if series and any(row[1] == 100 for row in series[0].values):
+            return
+        time.sleep(1)
+    pytest.fail(f"no 10 s rollup of a full window after 40 s: {series}")
+
+
+def test_every_continuous_query_is_a_valid_select_into(influxdb: InfluxDBDatabase, client: InfluxClient) -> None:
+    plan = RetentionPlan(database=influxdb.name)
+    init_db(client, plan)
+    for cq in continuous_queries(plan):
+        client.execute(cq.over(0, 10 * NS), database=influxdb.name)  # no data there: runs, writes nothing
+
+
+def test_backfill_option_computes_late_data_into_the_rollups(influxdb: InfluxDBDatabase) -> None:
+    start = (time.time_ns() // (60 * NS) - 8) * 60 * NS  # older than the CQs' windows
+    influxdb.write_lines([gpu_line(0, start + i * NS // 10, i) for i in range(600)])
+    base = ["--init-db", "--influx-url", influxdb.server.url, "--influx-db", influxdb.name, "--retention-raw", "0"]
+    done = gpuprobe(*base, "--backfill", "15m")
+    assert done.returncode == 0, done.stderr
+    assert "rollups of the last 15m (computed again)" in done.stdout
+    ten = influxdb.query(f'SELECT "samples" FROM "{ROLLUP_10S}"."gpu"')[0].values
+    assert [row[1] for row in ten] == [100] * 6
+    assert influxdb.query(f'SELECT "samples" FROM "{ROLLUP_1M}"."gpu"')[0].values[0][1] == 600
+
+
+class AuthInfluxDB(InfluxDBServer):
+    """influxd with authentication on (influxd reads INFLUXDB_* variables over its config file)."""
+
+    def _environment(self) -> dict[str, str]:
+        return {**super()._environment(), "INFLUXDB_HTTP_AUTH_ENABLED": "true"}
+
+
+def test_a_user_without_admin_rights_is_told_so(tmp_path: Path) -> None:
+    with AuthInfluxDB(tmp_path) as server:
+        server.execute("CREATE USER \"admin\" WITH PASSWORD 'secret-admin' WITH ALL PRIVILEGES")  # the first user
+        base = ["--init-db", "--influx-url", server.url, "--influx-db", "tel"]
+        admin = ["--influx-username", "admin", "--influx-password", "secret-admin"]
+        done = gpuprobe(*base, *admin)
+        assert done.returncode == 0, done.stderr
+        with InfluxClient(InfluxSettings(url=server.url, database="", username="admin", password="secret-admin")) as c:
+            c.execute("CREATE USER \"writer\" WITH PASSWORD 'secret-writer'")
+            c.execute('GRANT WRITE ON "tel" TO "writer"')
+        refused = gpuprobe(*base, "--influx-username", "writer", "--influx-password", "secret-writer")
+        assert refused.returncode == 1
+        assert "give an admin user" in refused.stderr and "not authorized" in refused.stderr, refused.stderr
