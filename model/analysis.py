@@ -22,12 +22,14 @@ from gpuprobe.model.acoustic import Calibration, LevelStats, calibrate, level_st
 from gpuprobe.model.data import Dataset, GpuSeries
 from gpuprobe.model.efficiency import J_PER_KWH, GpuEfficiency, gpu_efficiency, mask_of
 from gpuprobe.model.thermal import (
+    AVERAGE_DELAY_S,
     DEFAULT_SLOWDOWN_C,
     POWER_REASONS,
     THERMAL_REASONS,
     ThermalFit,
+    ThermalInput,
     detect_steps,
-    fit_thermal,
+    fit_thermal_node,
     slowdown_for,
     throttled_seconds,
 )
@@ -52,6 +54,7 @@ class ModelSettings:
     outlier_dba: float = 3.0
     outlier_samples_per_j_pct: float = 10.0
     arx_resample_s: float = 1.0
+    holdout: float = 0.3  # the last fraction of the window the thermal models are scored on
     slowdown_c: float | None = None
     mic_window_s: float = 1.0
     write_model: bool = True
@@ -68,7 +71,7 @@ class GpuResult:
     power_limit_w: float | None
     slowdown_c: float
     slowdown_source: str
-    t_pred_at_limit_c: float | None
+    t_pred_at_limit_c: float | None  # own R at the limit, plus the inlet's rise with the node at its limits
     headroom_c: float | None
     temp_max_c: float | None
     thermal_throttled_s: float
@@ -170,6 +173,16 @@ def _load_window(g: GpuSeries, power: np.ndarray) -> list[tuple[int, int]]:
     return [(int(t[heating[0]]), int(t[heating[1] - 1]))]
 
 
+def _node_limit_w(ds: Dataset, host: str, fallback_w: float) -> float:
+    """The sum of the power limits of the host's GPUs (a GPU without one counts ``fallback_w``)."""
+    total = 0.0
+    for g in ds.gpus:
+        if g.host == host:
+            limits = g.field("power_limit_w")
+            total += float(np.nanmedian(limits)) if np.any(np.isfinite(limits)) else fallback_w
+    return total
+
+
 def _intervals_where(t_ns: np.ndarray, mask: np.ndarray) -> list[tuple[int, int]]:
     """The runs of samples where ``mask`` holds, each as [first sample, next sample)."""
     out = []
@@ -185,31 +198,62 @@ def _intervals_where(t_ns: np.ndarray, mask: np.ndarray) -> list[tuple[int, int]
     return out
 
 
-def _analyze_gpu(ds: Dataset, wide: GpuSeries, s: ModelSettings) -> GpuResult:
+def _thermal_input(ds: Dataset, wide: GpuSeries, s: ModelSettings) -> ThermalInput:
+    """One GPU's series over the window for the node's thermal fit (the node's power where it has two GPUs
+    or more: the inlet stage they share is fitted jointly, :func:`fit_thermal_node`)."""
     w = ds.window
-    g = wide.inside(w.start_ns, w.end_ns)  # the energy counter also reads the margins (data.load)
+    g = wide.inside(w.start_ns, w.end_ns)
     if len(g.t_ns) == 0:
         g = wide
     power, is_average = g.power()
     reasons_f = g.field("clock_event_reasons")
     reasons = np.where(np.isfinite(reasons_f), reasons_f, 0).astype(np.int64)
-    fit = fit_thermal(
+    steady = w.intervals(g.host, "steady") or _load_window(g, power)
+    node_w, node_gpus = ds.node_power(g.host, g.t_ns, AVERAGE_DELAY_S)
+    return ThermalInput(
         g.t_ns,
         g.field("temp_c"),
         power,
         reasons if g.has("clock_event_reasons") else None,
-        power_is_average=is_average,
+        is_average,
         resample_s=s.arx_resample_s,
+        node_w=node_w if node_gpus >= 2 else None,
+        fan_pct=g.field("fan_pct") if g.has("fan_pct") else None,
+        steady_mask=mask_of(g.t_ns, steady) if steady else None,
     )
-    limits = g.field("power_limit_w")
-    limit = float(np.nanmedian(limits)) if np.any(np.isfinite(limits)) else None
-    slowdown, source = slowdown_for(s.slowdown_c, ds.reported_slowdown_c(g.host, g.gpu, g.uuid))
-    predicted = fit.rc.steady_c(limit) if fit.rc is not None and limit is not None else None
-    temps = g.field("temp_c")
+
+
+def _thermal_fits(ds: Dataset, s: ModelSettings) -> list[ThermalFit]:
+    """Every GPU's thermal fits, node by node (in the order of ``ds.gpus``)."""
+    fits: list[ThermalFit | None] = [None] * len(ds.gpus)
+    for host in sorted({g.host for g in ds.gpus}):
+        index = [i for i, g in enumerate(ds.gpus) if g.host == host]
+        node = fit_thermal_node([_thermal_input(ds, ds.gpus[i], s) for i in index], holdout=s.holdout)
+        for i, fit in zip(index, node, strict=True):
+            fits[i] = fit
+    return [f if f is not None else ThermalFit() for f in fits]
+
+
+def _analyze_gpu(ds: Dataset, wide: GpuSeries, s: ModelSettings, fit: ThermalFit) -> GpuResult:
+    w = ds.window
+    g = wide.inside(w.start_ns, w.end_ns)  # the energy counter also reads the margins (data.load)
+    if len(g.t_ns) == 0:
+        g = wide
+    power, _ = g.power()
+    reasons_f = g.field("clock_event_reasons")
+    reasons = np.where(np.isfinite(reasons_f), reasons_f, 0).astype(np.int64)
     steady = w.intervals(g.host, "steady") or _load_window(g, power)
     idle = w.intervals(g.host, "idle")
     if not idle and g.has("util_pct"):
         idle = _intervals_where(g.t_ns, g.field("util_pct") == 0)
+    limits = g.field("power_limit_w")
+    limit = float(np.nanmedian(limits)) if np.any(np.isfinite(limits)) else None
+    slowdown, source = slowdown_for(s.slowdown_c, ds.reported_slowdown_c(g.host, g.gpu, g.uuid))
+    predicted = fit.rc.steady_c(limit) if fit.rc is not None and limit is not None else None
+    if predicted is not None and limit is not None and fit.inlet is not None:
+        # the node's air at a sustained load with every GPU of the node at its own power limit
+        predicted += fit.inlet.c_per_w * _node_limit_w(ds, g.host, limit)
+    temps = g.field("temp_c")
     rates = []
     for tr in ds.trainer:
         if tr.host == g.host and tr.gpu == g.gpu:
@@ -384,7 +428,8 @@ def find_outliers(gpus: Sequence[GpuResult], s: ModelSettings) -> list[Outlier]:
 
 def analyze(ds: Dataset, s: ModelSettings) -> Results:
     w = ds.window
-    gpus = [_analyze_gpu(ds, g, s) for g in ds.gpus]
+    fits = _thermal_fits(ds, s)
+    gpus = [_analyze_gpu(ds, g, s, fit) for g, fit in zip(ds.gpus, fits, strict=True)]
     hosts = sorted({g.host for g in gpus})
     nodes = [_analyze_node(ds, h, [g for g in gpus if g.host == h], s) for h in hosts]
     outliers = find_outliers(gpus, s)

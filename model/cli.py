@@ -53,6 +53,13 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _holdout_fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 0.9:
+        raise ValueError(f"--holdout must be a fraction between 0 and 0.9 (exclusive), not {text}")
+    return value
+
+
 OPTIONS = [
     Option("probe", "the probe to model (its id, the `probe` tag)", default="", metavar="ID"),
     Option(
@@ -134,6 +141,14 @@ OPTIONS = [
         deprecated_name="arx_resample_s",
     ),
     Option(
+        "holdout",
+        "thermal models are fitted on the first 1-F of the window and chosen by their error predicting the "
+        "last F from the measured power (0 < F < 0.9)",
+        _holdout_fraction,
+        default=0.3,
+        metavar="F",
+    ),
+    Option(
         "slowdown_c",
         "slowdown threshold for every GPU, °C (default: the GPU's own, docs/models.md)",
         float,
@@ -156,6 +171,8 @@ def settings_from(values: dict[str, Any]) -> Any:
     for name in ("influx_timeout", "arx_resample", "mic_window"):
         if not values[name] > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, not {values[name]:g} s")
+    if not 0 < values["holdout"] < 0.9:
+        raise ValueError(f"--holdout must be a fraction between 0 and 0.9 (exclusive), not {values['holdout']:g}")
     probe = values["probe"] or None
     start, end = values["from"], values["to"]
     if probe is None and start is None:
@@ -178,6 +195,7 @@ def settings_from(values: dict[str, Any]) -> Any:
         outlier_dba=values["outlier_dba"],
         outlier_samples_per_j_pct=values["outlier_samples_per_j_pct"],
         arx_resample_s=values["arx_resample"],
+        holdout=values["holdout"],
         slowdown_c=values["slowdown_c"],
         mic_window_s=values["mic_window"],
         write_model=values["write_model"],
@@ -212,9 +230,11 @@ COMMANDS = [
         name="model",
         help="fit thermal, acoustic and efficiency models for a probe or a time range; write the report",
         description=(
-            "Reads a probe (or a time range) from InfluxDB with InfluxQL, fits per GPU and node a first-order "
-            "RC thermal model (R_th, tau, T_amb), the acoustic proxy levels and their calibration against a "
-            "microphone, and the efficiency (samples/J, energy, carbon, cost); writes a self-contained HTML "
+            "Reads a probe (or a time range) from InfluxDB with InfluxQL, fits per GPU and node a thermal "
+            "model (first-order or two-stage RC, optionally with the node's inlet air and the fan; chosen by its "
+            "error on the held-out end of the window, --holdout) giving R_th, tau, T_amb, the acoustic proxy "
+            "levels and their calibration against a microphone, and the efficiency (samples/J, energy, carbon, "
+            "cost); writes a self-contained HTML "
             "report and a JSON file, writes the fitted parameters back as the `model` measurement, and prints "
             "a summary table. Methods and sources: docs/models.md."
         ),

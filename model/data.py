@@ -149,6 +149,27 @@ class Dataset:
             return None
         return max(matches, key=lambda p: p.time_ns).temp_slowdown_c
 
+    def node_power(self, host: str, t_ns: np.ndarray, advance_s: float = 0.0) -> tuple[np.ndarray | None, int]:
+        """The summed power of the host's GPUs at the times ``t_ns`` and how many GPUs it sums.
+
+        Each GPU's power (:meth:`GpuSeries.power`; its 1 s average read ``advance_s`` later, as the
+        thermal fit reads it) is interpolated linearly at ``t_ns`` over its finite samples and held
+        beyond its first and last; a GPU without power is left out. None when the host has no power.
+        """
+        total = np.zeros(len(t_ns))
+        count = 0
+        for g in self.gpus:
+            if g.host != host:
+                continue
+            power, is_average = g.power()
+            ok = np.isfinite(power)
+            if ok.sum() < 2:
+                continue
+            t = g.t_ns[ok].astype(np.float64) - (advance_s * 1e9 if is_average else 0.0)
+            total += np.interp(t_ns.astype(np.float64), t, power[ok])
+            count += 1
+        return (total if count else None), count
+
 
 def _host_filter(hosts: Sequence[str]) -> str:
     if not hosts:

@@ -3,7 +3,7 @@
 ``model`` points (storage schema: tags ``probe``, ``host``, ``gpu``, ``kind``; the node's points have
 no ``gpu`` tag) carry the window's end as their timestamp, so running the model again on the same
 probe overwrites them instead of adding a second set. Every field is a float except the counts
-(integers) and ``method`` (a string), and absent values are left out, so the field types never
+(integers) and ``method`` and ``model`` (strings), and absent values are left out, so the field types never
 change between runs (InfluxDB refuses a field whose type changes within a shard).
 """
 
@@ -58,6 +58,18 @@ def _gpu_fields(g: GpuResult) -> dict[str, Fields]:
         _put(thermal, "tau_s", fit.rc.tau_s)
         _put(thermal, "t_amb_c", fit.rc.t_amb_c)
         thermal["method"] = fit.chosen
+        thermal["model"] = fit.model
+    _put(thermal, "fit_rmse_c", fit.fit_rmse_c)
+    _put(thermal, "holdout_rmse_c", fit.holdout_rmse_c)
+    _put(thermal, "rc1_holdout_rmse_c", fit.rc1_holdout_rmse_c)
+    if len(fit.stages) == 2:
+        _put(thermal, "r_fast_c_per_w", fit.stages[0].r_c_per_w)
+        _put(thermal, "tau_fast_s", fit.stages[0].tau_s)
+        _put(thermal, "r_slow_c_per_w", fit.stages[1].r_c_per_w)
+    if fit.inlet is not None:
+        _put(thermal, "inlet_c_per_w", fit.inlet.c_per_w)
+        _put(thermal, "inlet_tau_s", fit.inlet.tau_s)
+    _put(thermal, "fan_floor", fit.fan_floor)
     if fit.step is not None:
         _put(thermal, "step_r_th_c_per_w", fit.step.r_th_c_per_w)
         _put(thermal, "step_tau_s", fit.step.tau_s)
@@ -176,7 +188,8 @@ def _f(value: float | None, spec: str, width: int) -> str:
 def summary_table(results: Results) -> str:
     """The table printed on the terminal: one row per GPU, one per node, then the fleet totals."""
     head = (
-        f"{'host':<12} {'gpu':>3} {'model':<24} {'R_th °C/W':>9} {'τ s':>6} {'T_amb':>6} {'fit':>4} "
+        f"{'host':<12} {'gpu':>3} {'model':<24} {'R_th °C/W':>9} {'τ s':>6} {'T_amb':>6} {'fit':>13} "
+        f"{'RMS':>4} {'held':>4} "
         f"{'T@limit':>7} {'headroom':>8} {'dBA':>5} {'samples/s':>9} {'J/sample':>9} {'energy J':>9}  flags"
     )
     rows = [head, "-" * len(head)]
@@ -186,7 +199,8 @@ def summary_table(results: Results) -> str:
         rows.append(
             f"{g.host:<12.12} {g.gpu:>3} {g.model:<24.24} {_f(rc.r_th_c_per_w if rc else None, '.4f', 9)} "
             f"{_f(rc.tau_s if rc else None, '.2f', 6)} {_f(rc.t_amb_c if rc else None, '.1f', 6)} "
-            f"{g.thermal.chosen:>4} {_f(g.t_pred_at_limit_c, '.1f', 7)} {_f(g.headroom_c, '.1f', 8)} "
+            f"{g.thermal.model:>13} {_f(g.thermal.fit_rmse_c, '.2f', 4)} {_f(g.thermal.holdout_rmse_c, '.2f', 4)} "
+            f"{_f(g.t_pred_at_limit_c, '.1f', 7)} {_f(g.headroom_c, '.1f', 8)} "
             f"{_f(g.acoustic.steady_db if g.acoustic else None, '.1f', 5)} {_f(e.samples_per_s, '.1f', 9)} "
             f"{_f(e.j_per_sample, '.4f', 9)} {_f(e.probe_energy_j, '.0f', 9)}  {', '.join(g.flags)}"
         )
@@ -194,7 +208,7 @@ def summary_table(results: Results) -> str:
     for n in results.nodes:
         rows.append(
             f"{n.host:<12.12} {'all':>3} {f'{n.gpus} GPUs':<24} {_f(n.r_th_mean_c_per_w, '.4f', 9)} "
-            f"{_f(n.tau_mean_s, '.2f', 6)} {_f(n.t_amb_mean_c, '.1f', 6)} {'':>4} "
+            f"{_f(n.tau_mean_s, '.2f', 6)} {_f(n.t_amb_mean_c, '.1f', 6)} {'':>13} {'':>4} {'':>4} "
             f"{_f(n.t_pred_at_limit_max_c, '.1f', 7)} "
             f"{_f(n.headroom_min_c, '.1f', 8)} {_f(n.acoustic.steady_db if n.acoustic else None, '.1f', 5)} "
             f"{_f(n.samples_per_s, '.1f', 9)} {_f(n.j_per_sample, '.4f', 9)} {_f(n.probe_energy_j, '.0f', 9)}"

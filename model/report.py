@@ -2,7 +2,8 @@
 
 Nothing is loaded from the network (no scripts, fonts or styles from elsewhere), so the file can be
 mailed, archived or opened on an air-gapped machine. Plots: per node the temperature of each GPU
-with the chosen RC model (simulated from the measured power) and the step fits, per node the power
+with the chosen thermal model (simulated from the measured power) and the step fits, per node the
+held-out part of each GPU's temperature against the prediction of the model fitted without it, per node the power
 and the cumulative energy, the acoustic levels (proxy, and microphone where there is one, with the
 calibration's scatter), and the efficiency per GPU and node.
 """
@@ -22,7 +23,7 @@ import numpy as np
 from gpuprobe.model.analysis import GpuResult, Results
 from gpuprobe.model.data import Dataset, GpuSeries
 from gpuprobe.model.efficiency import cumulative_energy
-from gpuprobe.model.thermal import simulate
+from gpuprobe.model.thermal import AVERAGE_DELAY_S, predicted_temperature, simulate
 
 MAX_POINTS = 2500
 PHASE_COLOURS = {"idle": "#e8f0fe", "warmup": "#fff4e0", "steady": "#e6f4ea", "cooldown": "#f3e8fd"}
@@ -80,17 +81,22 @@ def thermal_figure(ds: Dataset, results: Results, host: str) -> str:
         sl = _thin(len(t))
         ax.plot(t[sl], temp[ok][sl], ".", ms=2, color="#444", label="measured (integer °C)")
         rc = g.thermal.rc
-        if rc is not None and ok.sum() > 1:
+        curve = _prediction(ds, g, held_out=False)
+        if curve is not None:
+            tc = (curve[0] - results.start_ns) / 1e9
+            slc = _thin(len(tc))
+            ax.plot(tc[slc], curve[2][slc], "-", color="#d93025", lw=1.4, label=f"model {g.thermal.model}")
+        elif rc is not None and ok.sum() > 1:
             t0 = float(np.mean(temp[ok][:5]))
             model = simulate(s.t_ns[ok], power[ok], rc, t0)
             ax.plot(t[sl], model[sl], "-", color="#d93025", lw=1.4, label=f"RC model ({g.thermal.chosen})")
         for f in g.thermal.step_fits:
             x0 = (f.t_step_ns - results.start_ns) / 1e9
             x = np.linspace(0, f.duration_s, 200)
-            curve = f.t_inf_c + (f.t_start_c - f.t_inf_c) * np.exp(-x / f.tau_s)
+            step_curve = f.t_inf_c + (f.t_start_c - f.t_inf_c) * np.exp(-x / f.tau_s)
             ax.plot(
                 x0 + x,
-                curve,
+                step_curve,
                 "--",
                 color="#1a73e8",
                 lw=1,
@@ -98,13 +104,67 @@ def thermal_figure(ds: Dataset, results: Results, host: str) -> str:
             )
         title = f"GPU {g.gpu} {g.model}"
         if rc is not None:
-            title += f": R {rc.r_th_c_per_w:.4f} °C/W, τ {rc.tau_s:.2f} s, T_amb {rc.t_amb_c:.1f} °C"
+            title += f": {g.thermal.model} R {rc.r_th_c_per_w:.4f} °C/W, τ {rc.tau_s:.2f} s, T_amb {rc.t_amb_c:.1f} °C"
         ax.set_title(title, fontsize=8)
         ax.set_xlabel("s since start", fontsize=8)
         ax.set_ylabel("°C", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6, loc="lower right")
-    fig.suptitle(f"{host}: GPU temperature and the fitted RC model", fontsize=10)
+    fig.suptitle(f"{host}: GPU temperature and the fitted thermal model", fontsize=10)
+    return _png(fig)
+
+
+def _prediction(ds: Dataset, g: GpuResult, *, held_out: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The chosen model's temperature at the GPU's samples, from the measured power (and node power, fan)."""
+    s = _series(ds, g)
+    power, is_average = s.power()
+    node_w, _ = ds.node_power(g.host, s.t_ns, AVERAGE_DELAY_S)
+    fan = s.field("fan_pct")
+    return predicted_temperature(
+        g.thermal,
+        s.t_ns,
+        s.field("temp_c"),
+        power,
+        power_is_average=is_average,
+        node_w=node_w,
+        fan_pct=fan,
+        held_out=held_out,
+    )
+
+
+def holdout_figure(ds: Dataset, results: Results, host: str) -> str | None:
+    """Per GPU of the host: the measured temperature over the held-out part and what the model fitted on the
+    rest predicts for it from the measured power."""
+    gpus = [g for g in results.gpus if g.host == host and g.thermal.holdout_start_ns is not None]
+    if not gpus:
+        return None
+    plt = _pyplot()
+    cols = 2 if len(gpus) > 1 else 1
+    rows = math.ceil(len(gpus) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 2.7 * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(gpus) :]:
+        ax.set_visible(False)
+    for ax, g in zip(axes.flat, gpus, strict=False):
+        curve = _prediction(ds, g, held_out=True)
+        if curve is None:
+            ax.set_axis_off()
+            continue
+        t_ns, measured, predicted = curve
+        held = t_ns > (g.thermal.holdout_start_ns or 0)
+        t = (t_ns[held] - results.start_ns) / 1e9
+        sl = _thin(len(t))
+        ax.plot(t[sl], measured[held][sl], ".", ms=2, color="#444", label="measured (integer °C)")
+        ax.plot(t[sl], predicted[held][sl], "-", color="#d93025", lw=1.4, label=f"predicted ({g.thermal.model})")
+        ax.set_title(
+            f"GPU {g.gpu} {g.model}: held-out RMS {_fmt(g.thermal.holdout_rmse_c, 3)} °C "
+            f"(first order {_fmt(g.thermal.rc1_holdout_rmse_c, 3)} °C)",
+            fontsize=8,
+        )
+        ax.set_xlabel("s since start", fontsize=8)
+        ax.set_ylabel("°C", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, loc="best")
+    fig.suptitle(f"{host}: held-out temperature, measured and predicted from the measured power", fontsize=10)
     return _png(fig)
 
 
@@ -330,11 +390,23 @@ def _outliers(r: Results) -> Section:
 
 
 def _thermal(ds: Dataset, r: Results) -> Section:
+    holdout = next((g.thermal.holdout_fraction for g in r.gpus if g.thermal.holdout_fraction), None)
     parts = [
-        "<h2>Thermal: first-order RC per GPU</h2>",
+        "<h2>Thermal model per GPU</h2>",
+        '<p class="muted">Output-error fits driven by the measured power: <i>rc1</i> one RC stage; <i>rc2</i> a fast '
+        "and a slow stage in series (Foster); <i>+inlet</i> a stage driven by the node's total GPU power (the air "
+        "every GPU of the node breathes); <i>+fan</i> the slow stage's conductance grows with the fan speed. Each "
+        f"candidate is fitted on the first {_fmt(None if holdout is None else 1 - holdout, 3)} of the window and "
+        "scored by its RMS predicting the rest; a more complex one is chosen only when it lowers that by more than "
+        "10 % (and 0.02 °C), and the choice is refitted on the whole window. R is the total own-power resistance "
+        "(at the steady fan speed), τ the slow stage, T_amb the temperature at zero own and node power.</p>",
+        _stage_models_table(r),
+        "<h3>Candidates</h3>",
+        _candidates_table(r),
+        "<h3>Second opinions: first-order step and ARX fits</h3>",
         '<p class="muted">C·dT/dt = P - (T - T_amb)/R, τ = R·C. <i>step</i>: curve_fit of the heating and cooling '
-        "responses; <i>arx</i>: least squares on T[k+1] = a·T[k] + b·P[k] + c over 1 s bin means. The chosen fit "
-        "is the one whose simulation from the measured power is closer to the measured temperature (RMS).</p>",
+        "responses (biased when the load has more than one level); <i>arx</i>: least squares on "
+        "T[k+1] = a·T[k] + b·P[k] + c over 1 s bin means.</p>",
         _thermal_fits_table(r),
         _thermal_limits_table(r),
         "<h3>Step responses</h3>",
@@ -345,7 +417,92 @@ def _thermal(ds: Dataset, r: Results) -> Section:
         parts.append(_table(["host", "gpu", "note"], notes, left=3))
     parts.append(_thermal_nodes_table(r))
     parts.extend(_img(thermal_figure(ds, r, n.host), f"temperature of {n.host}") for n in r.nodes)
+    parts.append("<h3>Held-out prediction</h3>")
+    parts.extend(_img(holdout_figure(ds, r, n.host), f"held-out temperature of {n.host}") for n in r.nodes)
     return parts
+
+
+def _stage_models_table(r: Results) -> str:
+    headers = [
+        "host",
+        "gpu",
+        "model",
+        "chosen",
+        "method",
+        "R total °C/W",
+        "τ slow s",
+        "T_amb °C",
+        "fast R °C/W",
+        "fast τ s",
+        "slow R °C/W",
+        "slow τ s",
+        "inlet °C/W(node)",
+        "inlet τ s",
+        "fan floor",
+        "steady fan %",
+        "fit RMS °C",
+        "held-out RMS °C",
+        "first-order held-out RMS °C",
+    ]
+    rows = []
+    for g in r.gpus:
+        t = g.thermal
+        fast = t.stages[0] if len(t.stages) == 2 else None
+        slow = t.stages[-1] if t.stages else None
+        rows.append(
+            [
+                g.host,
+                g.gpu,
+                g.model,
+                t.model,
+                t.chosen,
+                t.r_th_c_per_w,
+                t.tau_s,
+                t.t_amb_c,
+                fast.r_c_per_w if fast else None,
+                fast.tau_s if fast else None,
+                slow.r_c_per_w if slow else None,
+                slow.tau_s if slow else None,
+                t.inlet.c_per_w if t.inlet else None,
+                t.inlet.tau_s if t.inlet else None,
+                t.fan_floor,
+                t.steady_fan_pct,
+                t.fit_rmse_c,
+                t.holdout_rmse_c,
+                t.rc1_holdout_rmse_c,
+            ]
+        )
+    return _table(headers, rows, left=5)
+
+
+def _candidates_table(r: Results) -> str:
+    headers = [
+        "host",
+        "gpu",
+        "candidate",
+        "chosen",
+        "train RMS °C",
+        "held-out RMS °C",
+        "R °C/W",
+        "τ slow s",
+        "T_amb °C",
+    ]
+    rows = [
+        [
+            g.host,
+            g.gpu,
+            c.model,
+            c.model == g.thermal.model,
+            c.train_rmse_c,
+            c.holdout_rmse_c,
+            c.r_total_c_per_w,
+            c.tau_slow_s,
+            c.t_amb_c,
+        ]
+        for g in r.gpus
+        for c in g.thermal.candidates
+    ]
+    return _table(headers, rows, left=3)
 
 
 def _thermal_fits_table(r: Results) -> str:

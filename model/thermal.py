@@ -1,11 +1,18 @@
-"""First-order RC thermal model of one GPU, fitted two ways from its step responses.
+"""Thermal models of one GPU: the output-error stage models (:mod:`.thermal_stages`, chosen by their
+error on held-out data) and two first-order second opinions, the step fit and the ARX fit.
 
-The model (lumped RC; the compact-RC reference is HotSpot)::
+The reported model (``ThermalFit.rc``, ``model``, ``stages``, ``inlet``) is the output-error model
+chosen by :func:`~gpuprobe.model.thermal_stages.fit_staged_node`: ``r_th_c_per_w`` is its total own-power
+resistance (at the steady-load fan speed for fan models), ``tau_s`` its slow (dominant) stage and
+``t_amb_c`` the temperature at zero own and zero node power. Only when that fit is impossible does the
+better of the step and ARX fits stand in (as before).
+
+The first-order model (lumped RC; the compact-RC reference is HotSpot)::
 
     C·dT/dt = P - (T - T_amb)/R        T_ss = T_amb + R·P        τ = R·C
     after a step to constant P at t_s:  T(t) = T_ss + (T(t_s) - T_ss)·exp(-(t - t_s)/τ)
 
-**Step fit** (primary). The load step up and the step down are found in the power series (a
+**Step fit** (second opinion). The load step up and the step down are found in the power series (a
 threshold halfway between the idle and the load level, runs shorter than ``min_run_s`` ignored).
 Each response is fitted with ``scipy.optimize.curve_fit`` over its *whole* segment, three free
 parameters ``T∞``, ``T_start`` and ``τ``: a free ``T_start`` absorbs the unknown step instant
@@ -16,7 +23,9 @@ asymptotes give ``R = (T∞,up - T∞,down) / (P_up - P_down)`` and ``T_amb = T�
 ``τ`` is the inverse-variance mean of the two fits. With only one response, the other level is
 the mean temperature over the last seconds before the step (assumed steady; noted). Samples taken
 while the GPU is slowed down (HW slowdown, SW/HW thermal, power brake) end the heating segment: the
-constant-power step response does not hold there.
+constant-power step response does not hold there. Under multi-level loads (a warm-up at a lower load
+than the steady phase, as the trainer runs) one exponential per segment does not describe the curve
+and the step fit is biased (7-20 % on real traces); the output-error fit models the measured power.
 
 **ARX fit** (second opinion): least squares on ``T[k+1] = a·T[k] + b·P[k] + c`` over the whole
 window, then ``τ = -Δt/ln a``, ``R = b/(1-a)``, ``T_amb = c/(1-a)``. On raw 100 ms integer data
@@ -28,8 +37,8 @@ rounding and makes each step's change several degrees; the input of a pair is th
 the two bins (block means of a first-order system are exactly first-order when the input is
 constant over the two bins; the mean over both is the best single value at a step).
 
-Whichever of the two simulates the measured temperature better from the measured power (the RMS of
-an output-error simulation over the whole window) is reported as *chosen*; both are reported.
+Of these two, whichever simulates the measured temperature better from the measured power (the RMS
+of an output-error simulation over the whole window) is the fallback when the output-error fit fails.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from gpuprobe.model.thermal_stages import Candidate, Inlet, Stage, StagedFit, StagedInput, StageModel, fit_staged_node
 
 # nvmlClocksEventReasons
 REASON_SW_POWER_CAP = 0x4
@@ -119,8 +130,27 @@ class ThermalFit:
     step_sim_rmse_c: float | None = None
     arx: ArxFit | None = None
     arx_sim_rmse_c: float | None = None
-    chosen: str = "none"
-    rc: RC | None = None
+    chosen: str = "none"  # the method: "output-error", else (fallback) "step" or "arx"
+    rc: RC | None = None  # total own R, slow τ, T_amb of the chosen model
+    model: str = "none"  # rc1, rc2, rc2+inlet, rc2+fan, rc2+inlet+fan (or rc1 for the step/ARX fallback)
+    r_th_c_per_w: float | None = None
+    tau_s: float | None = None
+    t_amb_c: float | None = None
+    method: str = "none"
+    fit_rmse_c: float | None = None  # the chosen model simulated over the whole window
+    holdout_rmse_c: float | None = None  # fitted on the first 1-F, error over the last F
+    rc1_holdout_rmse_c: float | None = None  # the first-order model's, for comparison
+    holdout_fraction: float | None = None
+    holdout_start_ns: int | None = None
+    stages: list[Stage] = field(default_factory=list)  # fast first; at the steady-load fan speed
+    inlet: Inlet | None = None
+    fan_floor: float | None = None  # slow-stage conductance at zero fan relative to full fan (fan models)
+    steady_fan_pct: float | None = None
+    fitted: StageModel | None = None  # the chosen model as fitted on the whole window
+    held_out: StageModel | None = None  # the same model fitted on the first 1-F only
+    candidates: list[Candidate] = field(default_factory=list)
+    grid_s: float | None = None
+    inlet_source: str | None = None  # "node": the inlet stage fitted jointly with every GPU of the node
     power_low_w: float | None = None
     power_high_w: float | None = None
     power_source: str = "power_instant_w"
@@ -296,15 +326,95 @@ def fit_thermal(
     power_is_average: bool,
     resample_s: float = 1.0,
     min_run_s: float = 2.0,
+    node_w: np.ndarray | None = None,
+    fan_pct: np.ndarray | None = None,
+    steady_mask: np.ndarray | None = None,
+    holdout: float = 0.3,
 ) -> ThermalFit:
-    """Both fits of one GPU over the window; the chosen one is the better output-error simulation."""
+    """Every fit of one GPU over the window (module docstring).
+
+    ``node_w``: the node's summed GPU power at the same timestamps (already advanced like ``power_w``
+    when that is an average), for the inlet models; ``fan_pct`` for the fan models; ``steady_mask``
+    marks the steady-load samples whose median fan speed the fan models are evaluated at (default: the
+    samples above the midpoint of the power's 10th and 90th percentiles). One GPU alone has no inlet
+    candidate: :func:`fit_thermal_node` fits a node's GPUs together, the inlet shared.
+    """
+    return fit_thermal_node(
+        [
+            ThermalInput(
+                t_ns, temp_c, power_w, reasons, power_is_average, resample_s, min_run_s, node_w, fan_pct, steady_mask
+            )
+        ],
+        holdout=holdout,
+    )[0]
+
+
+@dataclass(frozen=True)
+class ThermalInput:
+    """One GPU's series for :func:`fit_thermal_node` (the arguments of :func:`fit_thermal`)."""
+
+    t_ns: np.ndarray
+    temp_c: np.ndarray
+    power_w: np.ndarray
+    reasons: np.ndarray | None
+    power_is_average: bool
+    resample_s: float = 1.0
+    min_run_s: float = 2.0
+    node_w: np.ndarray | None = None
+    fan_pct: np.ndarray | None = None
+    steady_mask: np.ndarray | None = None
+
+
+def fit_thermal_node(inputs: list[ThermalInput], *, holdout: float = 0.3) -> list[ThermalFit]:
+    """Every fit of every GPU of one node: the step and ARX fits per GPU, the output-error stage models
+    of the node together (:func:`~gpuprobe.model.thermal_stages.fit_staged_node`: with two GPUs or more
+    with the node's power, the inlet candidate is fitted jointly, its stage shared by all of them)."""
+    results, members = [], []
+    for x in inputs:
+        result, member = _second_opinions(x)
+        results.append(result)
+        members.append(member)
+    ready = [i for i, m in enumerate(members) if m is not None]
+    staged = fit_staged_node([m for m in members if m is not None], holdout=holdout) if ready else []
+    fits: list[StagedFit | None] = [None] * len(inputs)
+    for i, st in zip(ready, staged, strict=True):
+        fits[i] = st
+    for result, member, st in zip(results, members, fits, strict=True):
+        if member is None:
+            continue
+        if st is not None:
+            _apply_staged(result, st)
+            if result.inlet is not None:
+                result.inlet_source = "node"
+        else:
+            result.notes.append(
+                "the output-error fit was not possible: the better of the step and ARX fits is reported"
+            )
+        if result.rc is not None:
+            result.r_th_c_per_w, result.tau_s, result.t_amb_c = (
+                result.rc.r_th_c_per_w,
+                result.rc.tau_s,
+                result.rc.t_amb_c,
+            )
+            result.method = result.chosen
+    return results
+
+
+def _second_opinions(x: ThermalInput) -> tuple[ThermalFit, StagedInput | None]:
+    """The step and ARX fits of one GPU, and its input to the stage models (None: too few samples)."""
+    t_ns, temp_c, power_w, reasons = x.t_ns, x.temp_c, x.power_w, x.reasons
+    power_is_average, resample_s, min_run_s = x.power_is_average, x.resample_s, x.min_run_s
+    node_w, fan_pct, steady_mask = x.node_w, x.fan_pct, x.steady_mask
     result = ThermalFit(power_source="power_w" if power_is_average else "power_instant_w")
     ok = np.isfinite(temp_c) & np.isfinite(power_w)
     t_ns, temp_c, power_w = t_ns[ok], temp_c[ok], power_w[ok]
     reasons = reasons[ok] if reasons is not None else None
+    node_w = node_w[ok] if node_w is not None else None
+    fan_pct = fan_pct[ok] if fan_pct is not None else None
+    steady_mask = steady_mask[ok] if steady_mask is not None else None
     if len(t_ns) < 20:
         result.notes.append("too few samples for a thermal fit")
-        return result
+        return result, None
     if power_is_average:
         # NVML's 1 s average lags the power that heats the die by its group delay; reading it that much
         # later centres its ramp on the true step (otherwise the ARX fit and the simulation shorten τ)
@@ -372,7 +482,48 @@ def fit_thermal(
     ]
     if candidates:
         _, result.chosen, result.rc = min(candidates, key=lambda c: (c[0], c[1] != "step"))
-    return result
+        result.model = "rc1"
+        result.fit_rmse_c = min(c[0] for c in candidates)
+    if heating is not None and _multi_level(power_w[heating[0] : heating[1]]):
+        result.notes.append("power varies within the loaded segment (multi-level load): the step fit is biased")
+    steady_fan = None
+    if fan_pct is not None and np.any(np.isfinite(fan_pct)):
+        loaded = steady_mask if steady_mask is not None and np.any(steady_mask) else power_w >= (low + high) / 2
+        fans = fan_pct[loaded & np.isfinite(fan_pct)]
+        # the later half of the steady load: the fan where the load settles it (the spec's ground truth)
+        steady_fan = float(np.median(fans[len(fans) // 2 :])) if len(fans) else None
+    guesses = [(rc.r_th_c_per_w, rc.tau_s, rc.t_amb_c) for _, _, rc in candidates]
+    member = StagedInput(t_ns, temp_c, power_w, node_w, fan_pct, steady_fan, guesses)
+    return result, member
+
+
+def _multi_level(power_w: np.ndarray) -> bool:
+    """More than one load level in a segment: its first and last quarters differ by over 10 %."""
+    if len(power_w) < 8:
+        return False
+    q = len(power_w) // 4
+    first, last = float(np.median(power_w[:q])), float(np.median(power_w[-q:]))
+    return abs(last - first) > 0.1 * max(abs(first), abs(last), 1e-9)
+
+
+def _apply_staged(result: ThermalFit, staged: StagedFit) -> None:
+    model = staged.chosen
+    result.chosen = "output-error"
+    result.model = model.name
+    result.fitted, result.held_out = model, staged.held_out
+    result.stages = list(model.effective_stages())
+    result.inlet = model.inlet
+    if model.fan is not None:
+        result.fan_floor, result.steady_fan_pct = model.fan.floor, model.fan.steady_fan_pct
+    result.rc = RC(r_th_c_per_w=model.r_total_c_per_w, tau_s=model.tau_slow_s, t_amb_c=model.t_amb_c)
+    result.fit_rmse_c = staged.fit_rmse_c
+    result.holdout_rmse_c = staged.holdout_rmse_c
+    result.rc1_holdout_rmse_c = staged.rc1_holdout_rmse_c
+    result.holdout_fraction = staged.holdout_fraction
+    result.holdout_start_ns = staged.split_ns
+    result.candidates = staged.candidates
+    result.grid_s = staged.grid_s
+    result.notes.extend(staged.notes)
 
 
 def throttled_seconds(t_ns: np.ndarray, reasons: np.ndarray, mask: int) -> float:
@@ -382,3 +533,40 @@ def throttled_seconds(t_ns: np.ndarray, reasons: np.ndarray, mask: int) -> float
     dt = np.diff(t_ns) / 1e9
     active = (reasons[:-1].astype(np.int64) & mask) != 0
     return float(np.sum(dt[active]))
+
+
+def predicted_temperature(
+    fit: ThermalFit,
+    t_ns: np.ndarray,
+    temp_c: np.ndarray,
+    power_w: np.ndarray,
+    *,
+    power_is_average: bool,
+    node_w: np.ndarray | None = None,
+    fan_pct: np.ndarray | None = None,
+    held_out: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(t_ns, measured, predicted)`` of the chosen output-error model driven by the measured power, over
+    the window as :func:`fit_thermal` saw it; ``held_out``: the model fitted on the first 1-F only (what
+    the holdout RMS scores). None without an output-error fit."""
+    from gpuprobe.model.thermal_stages import make_problem, predict
+
+    model = fit.held_out if held_out else fit.fitted
+    if model is None or fit.grid_s is None:
+        return None
+    node = node_w if model.inlet is not None else None
+    fan = fan_pct if model.fan is not None else None
+    ok = np.isfinite(temp_c) & np.isfinite(power_w)
+    if power_is_average:
+        power_w = power_w.copy()
+        power_w[ok] = np.interp(t_ns[ok] + AVERAGE_DELAY_S * 1e9, t_ns[ok], power_w[ok])
+    for extra in (node, fan):
+        if extra is not None:
+            ok &= np.isfinite(extra)
+    if ok.sum() < 2:
+        return None
+    t_ns, temp_c, power_w = t_ns[ok], temp_c[ok], power_w[ok]
+    problem = make_problem(
+        t_ns, temp_c, power_w, node[ok] if node is not None else None, fan[ok] if fan is not None else None, fit.grid_s
+    )
+    return t_ns, temp_c, predict(model, problem)

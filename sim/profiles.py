@@ -2,9 +2,11 @@
 
 Identity, memory, power limits, clocks, temperature thresholds, peak fp16 tensor throughput and
 memory bandwidth are the figures the real parts report (NVIDIA datasheets and public
-``nvidia-smi -q`` dumps). Idle power and the thermal RC parameters (``r_th_c_per_w``, ``tau_s``,
-``ambient_c``) are not published by NVIDIA: they are chosen to be representative and are the
-*ground truth* the model fits are checked against. The DVFS curve (``uncore_power_share``,
+``nvidia-smi -q`` dumps). Idle power and the thermal parameters (``ambient_c``, ``r_th_c_per_w``,
+``tau_s``, ``r_fast_c_per_w``, ``tau_fast_s``, ``inlet_c_per_w``, ``inlet_tau_s``, ``slot_offset_c``,
+``fan_conductance_floor``, the memory's) are not published by NVIDIA: they are chosen to be
+representative and are the *ground truth* the model fits are checked against
+(``gpuprobe.sim.thermal`` computes the figures a fit should recover). The DVFS curve (``uncore_power_share``,
 ``voltage_*``) and the achievable efficiencies are the simulator's *model* choices, calibrated in
 ``gpuprobe.sim.perf`` against published training throughput (``docs/simulator.md`` lists every
 parameter and is checked against this table by the tests).
@@ -60,10 +62,18 @@ class GpuProfile:
     limit_min_w: float
     limit_max_w: float
     power_usage_is_average: bool  # GetPowerUsage: 1 s average on Ampere (not GA100) and newer
-    # thermal ground truth: C dT/dt = P - (T - T_amb)/R, tau = R C
+    # thermal ground truth (docs/simulator.md, "Temperature"; gpuprobe.sim.thermal): the die is
+    # T = T_amb + slot_offset + dT_inlet + dT_fast + dT_slow, three first-order stages
     ambient_c: float
-    r_th_c_per_w: float
-    tau_s: float
+    r_th_c_per_w: float  # TOTAL own-power resistance, fast + slow stage, at full fan on fan-cooled parts
+    tau_s: float  # the slow (heatsink) stage's time constant, at full fan
+    r_fast_c_per_w: float  # the fast (die) stage's share of r_th_c_per_w; the slow stage has the rest
+    tau_fast_s: float  # the fast stage's time constant (0: it settles within a tick)
+    inlet_c_per_w: float  # inlet air warming per W of the whole machine's GPU power
+    inlet_tau_s: float  # the inlet air's time constant
+    slot_offset_c: float  # this slot's constant offset over the room (a hotter slot: > 0)
+    # the heatsink's conductance at 0 % fan relative to 100 % (1: the fan does not matter; passive parts)
+    fan_conductance_floor: float
     mem_r_th_c_per_w: float
     mem_tau_s: float
     mem_temp_supported: bool
@@ -115,9 +125,10 @@ class GpuProfile:
         demand_w = self.idle_w + (self.peak_demand_w - self.idle_w) * util_pct / 100.0
         return min(demand_w, self.limit_default_w if limit_w is None else limit_w)
 
-    def steady_temp_c(self, power_w: float) -> float:
-        return self.ambient_c + self.r_th_c_per_w * power_w
 
+# The inlet air of a machine warms by about 1 °C per kW its GPUs draw and settles in minutes; no slot is
+# hotter than another unless a test or a user sets one (chosen, representative: docs/simulator.md).
+_AIRFLOW = dict(inlet_c_per_w=0.001, inlet_tau_s=120.0, slot_offset_c=0.0)
 
 _DATACENTER = dict(
     brand=BRAND_TESLA,
@@ -125,6 +136,8 @@ _DATACENTER = dict(
     fan_min_pct=0,
     fan_t_low_c=0.0,
     fan_t_high_c=0.0,
+    fan_conductance_floor=1.0,  # passive: the chassis fans, not the GPU, move the air
+    **_AIRFLOW,
     ecc_supported=True,
     mem_temp_supported=True,
     throttle_clock_factor=0.7,
@@ -151,6 +164,8 @@ PROFILES: dict[str, GpuProfile] = {
             ambient_c=30.0,
             r_th_c_per_w=0.11,
             tau_s=25.0,
+            r_fast_c_per_w=0.05,
+            tau_fast_s=2.0,
             mem_r_th_c_per_w=0.09,
             mem_tau_s=40.0,
             shutdown_c=92,
@@ -193,6 +208,8 @@ PROFILES: dict[str, GpuProfile] = {
             ambient_c=30.0,
             r_th_c_per_w=0.07,
             tau_s=30.0,
+            r_fast_c_per_w=0.032,
+            tau_fast_s=1.5,
             mem_r_th_c_per_w=0.06,
             mem_tau_s=45.0,
             shutdown_c=92,
@@ -235,6 +252,8 @@ PROFILES: dict[str, GpuProfile] = {
             ambient_c=30.0,
             r_th_c_per_w=0.068,
             tau_s=32.0,
+            r_fast_c_per_w=0.03,
+            tau_fast_s=1.5,
             mem_r_th_c_per_w=0.058,
             mem_tau_s=48.0,
             shutdown_c=92,
@@ -277,6 +296,8 @@ PROFILES: dict[str, GpuProfile] = {
             ambient_c=30.0,
             r_th_c_per_w=0.70,
             tau_s=40.0,
+            r_fast_c_per_w=0.31,
+            tau_fast_s=2.5,
             mem_r_th_c_per_w=0.60,
             mem_tau_s=55.0,
             shutdown_c=95,
@@ -320,6 +341,8 @@ PROFILES: dict[str, GpuProfile] = {
             ambient_c=25.0,
             r_th_c_per_w=0.11,
             tau_s=20.0,
+            r_fast_c_per_w=0.05,
+            tau_fast_s=1.0,
             mem_r_th_c_per_w=0.10,
             mem_tau_s=30.0,
             mem_temp_supported=False,  # GeForce boards do not expose the memory sensor through NVML
@@ -336,6 +359,9 @@ PROFILES: dict[str, GpuProfile] = {
             fan_min_pct=30,
             fan_t_low_c=40.0,
             fan_t_high_c=83.0,
+            # the heatsink passes about half its full-fan heat flow at fan stop (chosen, representative)
+            fan_conductance_floor=0.5,
+            **_AIRFLOW,  # type: ignore[arg-type]
             mem_util_per_util=0.35,
             pcie_bytes_per_s_at_full_util=4.0e9,
             pcie_gen=4,
@@ -439,7 +465,26 @@ def with_overrides(profile: GpuProfile, overrides: dict[str, str]) -> GpuProfile
             hint = f" (one of {', '.join(VIRT_NAMES)}, or 0-2)" if key == "virt" else ""
             hint = " (auto, or a percentage 0 <= pct < 100)" if key == "virt_overhead_pct" else hint
             raise UnknownProfileError(f"bad value {raw!r} for {key}{hint}") from None
-    return dataclasses.replace(profile, **changes)  # type: ignore[arg-type]
+    result = dataclasses.replace(profile, **changes)  # type: ignore[arg-type]
+    problem = thermal_problem(result)
+    if problem:
+        raise UnknownProfileError(f"bad thermal parameters for {profile.name}: {problem}")
+    return result
+
+
+def thermal_problem(profile: GpuProfile) -> str | None:
+    """Why the thermal parameters cannot describe a GPU (the C library would divide by zero or run a stage
+    backwards), or None."""
+    p = profile
+    if not p.tau_s > 0 or not p.mem_tau_s > 0:
+        return f"tau_s ({p.tau_s}) and mem_tau_s ({p.mem_tau_s}) must be > 0"
+    if not 0 <= p.r_fast_c_per_w <= p.r_th_c_per_w:
+        return f"r_fast_c_per_w ({p.r_fast_c_per_w}) must be between 0 and r_th_c_per_w ({p.r_th_c_per_w})"
+    if p.tau_fast_s < 0 or p.inlet_tau_s < 0 or p.inlet_c_per_w < 0:
+        return "tau_fast_s, inlet_tau_s and inlet_c_per_w must be >= 0"
+    if not 0 < p.fan_conductance_floor <= 1:
+        return f"fan_conductance_floor ({p.fan_conductance_floor}) must be > 0 and <= 1"
+    return None
 
 
 def virt_overhead_pct(profile: GpuProfile) -> float:

@@ -47,6 +47,16 @@ LEGACY_LINEAR_DVFS: dict[str, float] = {
     "voltage_knee": 0.0,
     "voltage_exponent": 1.0,
 }
+# The thermal parameters a machine written before the two-stage model lacks, at the values that make the
+# model the first-order RC it then was (sim/native/nvml_sim.c reads an absent key as the same value).
+LEGACY_FIRST_ORDER_THERMAL: dict[str, float] = {
+    "r_fast_c_per_w": 0.0,
+    "tau_fast_s": 0.0,
+    "inlet_c_per_w": 0.0,
+    "inlet_tau_s": 0.0,
+    "slot_offset_c": 0.0,
+    "fan_conductance_floor": 1.0,
+}
 # Who may set power limits, like the driver: root. Tests that run unprivileged add their own uid.
 DEFAULT_ADMIN_UIDS: tuple[int, ...] = (0,)
 
@@ -171,6 +181,10 @@ def load(state_dir: Path) -> SimSettings:
         params: dict[str, object] = {}
         for key, current in asdict(base).items():
             raw = values.get(f"gpu.{i}.{key}")
+            if raw is None and key in LEGACY_FIRST_ORDER_THERMAL:
+                # as the C library reads an absent key: the first-order RC of the machine's time
+                params[key] = LEGACY_FIRST_ORDER_THERMAL[key]
+                continue
             # a machine written by an older gpuprobe lacks the newer parameters: the profile's values stand in
             params[key] = current if raw is None else parse_value(key, raw)
         if f"gpu.{i}.voltage_knee" not in values:

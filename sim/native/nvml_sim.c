@@ -2,9 +2,9 @@
  * gpuprobe's GPU simulator: a libnvidia-ml.so.1 that the official pynvml (and anything else that
  * links NVML) loads like the driver's.
  *
- * State lives in the directory named by GPUPROBE_SIM_DIR (see sim/state.py for the format). Each
- * GPU's state is a pure function of its parameters, its append-only event history and the time,
- * computed in fixed ticks of period_ns from start_ns, so every process sees the same values:
+ * State lives in the directory named by GPUPROBE_SIM_DIR (see sim/state.py for the format). The
+ * machine's state is a pure function of its GPUs' parameters, their append-only event histories and
+ * the time, computed in fixed ticks of period_ns from start_ns, so every process sees the same values:
  *
  *   inputs of tick k     the latest events with t <= t_k (utilization, power limit, failure)
  *   power during tick k  P_k = min(idle + (peak - idle) * u / 100, limit), active part scaled
@@ -12,9 +12,22 @@
  *   SM clock             the clock at which the DVFS curve draws P_k: the maximum clock when
  *                        nothing holds the power down, else solved by bisection (see sm_clock_fraction)
  *   energy at t_k        E_k = sum_{j<k} P_j * period            (the NVML counter, mJ)
- *   temperature          T_{k+1} = T_ss + (T_k - T_ss) * exp(-period / tau), T_ss = T_amb + R * P_k
- *                        (the exact solution of C dT/dt = P - (T - T_amb)/R over one tick)
+ *   temperature          three first-order stages, each advanced over a tick by its exact solution
+ *                        x <- x_ss + (x - x_ss) * exp(-period / tau) with the tick's inputs held:
+ *                          fast (die)      dTf -> Rf * P_k,                       tau_fast
+ *                          slow (heatsink) dTs -> Rs / G * P_k, Rs = R - Rf,       tau_s / G
+ *                                          (heat capacity tau_s / Rs fixed; G = floor + (1 - floor)
+ *                                          * fan / 100 on fan-cooled parts, from the fan curve at
+ *                                          T_k before rounding, else 1)
+ *                          inlet (air)     dTin -> k_in * P_node,k,                tau_in
+ *                        T_k = T_amb + slot_offset + dTin + dTf + dTs; P_node,k is the sum of every
+ *                        GPU's P_k, so all GPUs of the machine advance together, tick by tick
+ *                        (memory: T_amb + slot_offset + dTin + its own first-order stage)
  *   slowdown             on when T_k >= slowdown threshold, off again below slowdown - 3 C
+ *
+ * A sim.conf without the newer thermal keys (older gpuprobe) gets Rf = k_in = slot_offset = 0 and
+ * floor = 1: the first-order RC T_{k+1} = T_ss + (T_k - T_ss) * exp(-period / tau), T_ss = T_amb + R P_k,
+ * bit for bit as before. gpuprobe.sim.thermal mirrors this operation for operation.
  *
  * Every reading inside [t_k, t_k+1) reports tick k, so values change on the driver's cadence only.
  * docs/simulator.md documents the model and the ground truth of each profile.
@@ -83,6 +96,8 @@ typedef struct sim_gpu {
     double idle_w, peak_demand_w, limit_default_w, limit_min_w, limit_max_w;
     int power_usage_is_average;
     double ambient_c, r_th, tau_s, mem_r_th, mem_tau_s;
+    /* two-stage own-power path, node inlet air, slot offset, fan-dependent heatsink (docs/simulator.md) */
+    double r_fast, tau_fast_s, inlet_c_per_w, inlet_tau_s, slot_offset_c, fan_floor;
     int mem_temp_supported;
     int shutdown_c, slowdown_c, gpu_max_c, mem_max_c;
     unsigned sm_clock_max_mhz, sm_clock_base_mhz, sm_clock_idle_mhz, mem_clock_mhz;
@@ -109,6 +124,10 @@ typedef struct sim_gpu {
     /* state at the start of tick k */
     int64_t k;
     double temp_c, mem_temp_c, energy_j, pcie_tx_bytes, pcie_rx_bytes;
+    /* the thermal stages behind temp_c and mem_temp_c: the slow and memory stages are kept with T_amb
+     * included (T_amb + dT), so that with the newer parameters at zero the sums below add exact zeros and
+     * an old machine's temperatures are the old first-order ones bit for bit */
+    double slow_abs_c, fast_c, inlet_c, mem_abs_c;
     int slowed;
     double power_w;            /* during tick k */
     unsigned sm_mhz;           /* during tick k */
@@ -123,6 +142,7 @@ static int g_loaded;
 static sim_gpu g_gpus[MAX_GPUS];
 static unsigned g_gpu_count;
 static int64_t g_start_ns, g_period_ns;
+static int64_t g_tick = -1; /* the tick every GPU's state is at (-1: none computed yet) */
 static char g_driver_version[80];
 static int g_cuda_driver_version;
 #define MAX_ADMIN_UIDS 16
@@ -152,6 +172,8 @@ static void set_param(sim_gpu *g, const char *key, const char *v) {
     DBL(limit_min_w, "limit_min_w") DBL(limit_max_w, "limit_max_w")
     INT(power_usage_is_average, "power_usage_is_average")
     DBL(ambient_c, "ambient_c") DBL(r_th, "r_th_c_per_w") DBL(tau_s, "tau_s")
+    DBL(r_fast, "r_fast_c_per_w") DBL(tau_fast_s, "tau_fast_s") DBL(inlet_c_per_w, "inlet_c_per_w")
+    DBL(inlet_tau_s, "inlet_tau_s") DBL(slot_offset_c, "slot_offset_c") DBL(fan_floor, "fan_conductance_floor")
     DBL(mem_r_th, "mem_r_th_c_per_w") DBL(mem_tau_s, "mem_tau_s") INT(mem_temp_supported, "mem_temp_supported")
     INT(shutdown_c, "shutdown_c") INT(slowdown_c, "slowdown_c") INT(gpu_max_c, "gpu_max_c") INT(mem_max_c, "mem_max_c")
     UINT(sm_clock_max_mhz, "sm_clock_max_mhz") UINT(sm_clock_base_mhz, "sm_clock_base_mhz")
@@ -214,6 +236,57 @@ static double power_of(const sim_gpu *g, unsigned util, double limit_w, int slow
     return demand < limit_w ? demand : limit_w;
 }
 
+/* ---------------------------------------------------------------- thermal model
+ * (docs/simulator.md, "Temperature"; gpuprobe.sim.thermal mirrors it operation for operation) */
+
+/* The fan curve at die temperature t, in % before NVML's rounding to whole percent. */
+static double fan_curve_pct(const sim_gpu *g, double t) {
+    if (t <= g->fan_t_low_c) return g->fan_min_pct;
+    if (t >= g->fan_t_high_c) return 100.0;
+    return g->fan_min_pct + (t - g->fan_t_low_c) * (100.0 - g->fan_min_pct) / (g->fan_t_high_c - g->fan_t_low_c);
+}
+
+/* The heatsink's conductance relative to the one at full fan, at die temperature t. The curve's value
+ * before rounding, so that the steady state is the one solution of a continuous equation rather than a
+ * chatter between two whole percents. Passive parts, and floor 1 (an old machine): 1. */
+static double fan_conductance(const sim_gpu *g, double t) {
+    if (!g->fan_count || g->fan_floor >= 1.0) return 1.0;
+    return g->fan_floor + (1.0 - g->fan_floor) * fan_curve_pct(g, t) / 100.0;
+}
+
+/* One first-order stage's decay over dt; tau 0 (the stage's key absent from an old sim.conf) settles at once. */
+static double stage_decay(double dt, double tau) { return tau > 0 ? exp(-dt / tau) : 0.0; }
+
+/* The sums in this order, in C as in Python: with the newer stages at zero they add exact zeros. */
+static double die_temp(const sim_gpu *g) { return g->slow_abs_c + g->slot_offset_c + g->inlet_c + g->fast_c; }
+static double mem_temp(const sim_gpu *g) { return g->mem_abs_c + g->slot_offset_c + g->inlet_c; }
+
+#define FAN_BISECTIONS 60
+
+/* Every stage in equilibrium at constant own power p and node power p_node. On a fan-cooled part the fan
+ * and the heatsink's resistance depend on each other: the die temperature solves T = base + Rs / G(T) * p,
+ * whose right side falls as T rises, so bisection between G = 1 and G = floor finds the one solution. */
+static void thermal_equilibrium(sim_gpu *g, double p, double p_node) {
+    double rs = g->r_th - g->r_fast;
+    g->fast_c = g->r_fast * p;
+    g->inlet_c = g->inlet_c_per_w * p_node;
+    double cond = 1.0;
+    if (g->fan_count && g->fan_floor < 1.0) {
+        double base = g->ambient_c + g->slot_offset_c + g->inlet_c + g->fast_c;
+        double lo = base + rs * p, hi = base + rs / g->fan_floor * p;
+        for (int i = 0; i < FAN_BISECTIONS; i++) {
+            double mid = 0.5 * (lo + hi);
+            if (base + rs / fan_conductance(g, mid) * p > mid) lo = mid;
+            else hi = mid;
+        }
+        cond = fan_conductance(g, 0.5 * (lo + hi));
+    }
+    g->slow_abs_c = g->ambient_c + rs / cond * p;
+    g->mem_abs_c = g->ambient_c + g->mem_r_th * p;
+    g->temp_c = die_temp(g);
+    g->mem_temp_c = mem_temp(g);
+}
+
 static void reset_state(sim_gpu *g) {
     g->util = 0;
     g->limit_w = g->limit_default_w;
@@ -223,10 +296,6 @@ static void reset_state(sim_gpu *g) {
     g->next_event = 0;
     g->k = -1; /* nothing computed yet */
     g->slowed = 0;
-    /* the machine starts in thermal equilibrium at idle */
-    double p_idle = power_of(g, 0, g->limit_w, 0);
-    g->temp_c = g->ambient_c + g->r_th * p_idle;
-    g->mem_temp_c = g->ambient_c + g->mem_r_th * p_idle;
     g->energy_j = 0.0;
     g->pcie_tx_bytes = g->pcie_rx_bytes = 0.0;
     g->n_hist = 0;
@@ -244,6 +313,8 @@ static int load_config(void) {
     static int has_dvfs[MAX_GPUS];
     memset(has_dvfs, 0, sizeof has_dvfs);
     memset(g_gpus, 0, sizeof g_gpus);
+    /* a sim.conf from before the fan mattered has no floor: the fan leaves the heatsink as it is */
+    for (unsigned i = 0; i < MAX_GPUS; i++) g_gpus[i].fan_floor = 1.0;
     g_admin_uids[0] = 0; /* root, unless sim.conf says who */
     g_admin_count = 1;
     g_start_ns = g_period_ns = 0;
@@ -288,6 +359,12 @@ static int load_config(void) {
         snprintf(g->events_path, sizeof g->events_path, "%s/gpu%u.events", dir, i);
         reset_state(g);
     }
+    /* the machine starts with every GPU's every stage in equilibrium at idle */
+    double p_node_idle = 0.0;
+    for (unsigned i = 0; i < count; i++) p_node_idle += power_of(&g_gpus[i], 0, g_gpus[i].limit_w, 0);
+    for (unsigned i = 0; i < count; i++)
+        thermal_equilibrium(&g_gpus[i], power_of(&g_gpus[i], 0, g_gpus[i].limit_w, 0), p_node_idle);
+    g_tick = -1;
     g_gpu_count = count;
     return NVML_SUCCESS;
 }
@@ -391,30 +468,55 @@ static void begin_tick(sim_gpu *g, int64_t k) {
     g->k = k;
 }
 
-static void end_tick(sim_gpu *g) {
+/* State at the start of tick k + 1 from tick k's inputs; p_node is every GPU's power during tick k. */
+static void end_tick(sim_gpu *g, double p_node) {
     double dt = g_period_ns / 1e9;
-    double t_ss = g->ambient_c + g->r_th * g->power_w;
-    g->temp_c = t_ss + (g->temp_c - t_ss) * exp(-dt / g->tau_s);
-    double m_ss = g->ambient_c + g->mem_r_th * g->power_w;
-    g->mem_temp_c = m_ss + (g->mem_temp_c - m_ss) * exp(-dt / g->mem_tau_s);
+    double p = g->power_w;
+    /* the fan as the tick starts sets the heatsink's resistance and, its heat capacity being fixed,
+     * its time constant */
+    double cond = fan_conductance(g, g->temp_c);
+    double s_ss = g->ambient_c + (g->r_th - g->r_fast) / cond * p;
+    g->slow_abs_c = s_ss + (g->slow_abs_c - s_ss) * stage_decay(dt, g->tau_s / cond);
+    double f_ss = g->r_fast * p;
+    g->fast_c = f_ss + (g->fast_c - f_ss) * stage_decay(dt, g->tau_fast_s);
+    double i_ss = g->inlet_c_per_w * p_node;
+    g->inlet_c = i_ss + (g->inlet_c - i_ss) * stage_decay(dt, g->inlet_tau_s);
+    double m_ss = g->ambient_c + g->mem_r_th * p;
+    g->mem_abs_c = m_ss + (g->mem_abs_c - m_ss) * exp(-dt / g->mem_tau_s);
+    g->temp_c = die_temp(g);
+    g->mem_temp_c = mem_temp(g);
     g->energy_j += g->power_w * dt;
     double pcie = g->pcie_bytes_per_s_full * g->util / 100.0 * dt;
     g->pcie_tx_bytes += pcie * 0.25;
     g->pcie_rx_bytes += pcie;
 }
 
-/* Brings g to the tick that contains the present moment. Called with g_lock held. */
-static void refresh(sim_gpu *g) {
+/* Brings every GPU of the machine to the tick that contains the present moment: the inlet air couples
+ * them through the node's power, so they advance together. Called with g_lock held.
+ *
+ * Each GPU's events are read under that file's lock with a clock t_i taken before releasing it; an
+ * event not seen carries a time after t_i, so computing up to the tick that contains the earliest t_i
+ * never computes a tick that an unseen event should have changed. */
+static void refresh(void) {
     int64_t t = now_ns();
     int64_t k = (t - g_start_ns) / g_period_ns;
     if (t < g_start_ns) k = 0;
-    if (k == g->k) return;
-    t = read_events(g);
+    if (k == g_tick) return;
+    for (unsigned i = 0; i < g_gpu_count; i++) {
+        int64_t t_i = read_events(&g_gpus[i]);
+        if (i == 0 || t_i < t) t = t_i;
+    }
     k = t < g_start_ns ? 0 : (t - g_start_ns) / g_period_ns;
-    if (g->k < 0) begin_tick(g, 0);
-    while (g->k < k) {
-        end_tick(g);
-        begin_tick(g, g->k + 1);
+    if (g_tick < 0) {
+        for (unsigned i = 0; i < g_gpu_count; i++) begin_tick(&g_gpus[i], 0);
+        g_tick = 0;
+    }
+    while (g_tick < k) {
+        double p_node = 0.0;
+        for (unsigned i = 0; i < g_gpu_count; i++) p_node += g_gpus[i].power_w;
+        for (unsigned i = 0; i < g_gpu_count; i++) end_tick(&g_gpus[i], p_node);
+        g_tick++;
+        for (unsigned i = 0; i < g_gpu_count; i++) begin_tick(&g_gpus[i], g_tick);
     }
 }
 
@@ -437,7 +539,7 @@ typedef sim_gpu *nvmlDevice_t;
 static int check_device(nvmlDevice_t d) {
     if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
     if (d < g_gpus || d >= g_gpus + g_gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
-    refresh(d);
+    refresh();
     if (d->failed) return NVML_ERROR_GPU_IS_LOST;
     return NVML_SUCCESS;
 }
@@ -454,13 +556,7 @@ static int check_device(nvmlDevice_t d) {
 
 static unsigned temp_reading(double t) { return t <= 0 ? 0 : (unsigned)(t + 0.5); }
 
-static unsigned fan_pct(const sim_gpu *g) {
-    double t = g->temp_c;
-    if (t <= g->fan_t_low_c) return g->fan_min_pct;
-    if (t >= g->fan_t_high_c) return 100;
-    double f = g->fan_min_pct + (t - g->fan_t_low_c) * (100.0 - g->fan_min_pct) / (g->fan_t_high_c - g->fan_t_low_c);
-    return (unsigned)(f + 0.5);
-}
+static unsigned fan_pct(const sim_gpu *g) { return (unsigned)(fan_curve_pct(g, g->temp_c) + 0.5); }
 
 static unsigned power_usage_mw(const sim_gpu *g) {
     if (!g->power_usage_is_average) return g->hist[g->k % HISTORY].power_mw;

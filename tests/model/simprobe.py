@@ -21,7 +21,9 @@ node-b    H100 100 % (power-capped), H100 80 %, A100 90 %         a microphone o
 ========  ======================================================  =========================
 
 Phases: idle baseline 4 s -> warm-up 2 s -> steady 16 s -> cool-down 18 s. The load step is the
-same on every GPU, so each GPU's temperature is a clean RC step response up and down.
+same on every GPU, so each GPU's temperature is a clean RC step response up and down: every GPU runs
+the simulator's former first-order physics (``FIRST_ORDER``: no fast die stage, no inlet coupling, no
+fan effect), which the first-order fits here are checked against.
 
 The microphone is a real capture device: ALSA's ``file`` plugin plays a 1 kHz tone (A-weighting is
 0 dB at 1 kHz) whose level in each 1 s window is node-b's proxy level plus ``MIC_OFFSET_DB`` plus
@@ -69,6 +71,10 @@ MIC_FAST_TAU_S = 0.125  # LAF: exponential time weighting "fast"
 PRICE_PER_GPU_HOUR = 2.0
 PUE = 1.2
 GRID_KG_PER_KWH = 0.35
+
+# The simulator's thermal model before the two-stage one (docs/simulator.md, "An older machine"): a single
+# RC per GPU with R = r_th_c_per_w and tau = tau_s, which is what these first-order fits recover exactly.
+FIRST_ORDER: dict[str, str] = {"r_fast_c_per_w": "0", "inlet_c_per_w": "0", "fan_conductance_floor": "1"}
 
 # host -> (profile, overrides, utilization %, samples/s at steady load)
 SCENARIO: dict[str, list[tuple[str, dict[str, str], float, float]]] = {
@@ -170,7 +176,7 @@ class ProbeRun:
 
 
 def _profiles(host: str) -> list[GpuProfile]:
-    return [with_overrides(PROFILES[name], over) for name, over, _, _ in SCENARIO[host]]
+    return [with_overrides(PROFILES[name], {**FIRST_ORDER, **over}) for name, over, _, _ in SCENARIO[host]]
 
 
 def _wait_for(paths: list[Path], timeout_s: float, procs: list[subprocess.Popen[bytes]]) -> None:

@@ -41,7 +41,7 @@ def rc_series(r: float, tau: float, t_amb: float, p_idle: float, p_load: float, 
 def test_step_fit_is_unbiased_on_integer_readings() -> None:
     t_ns, temp, power = rc_series(0.07, 30.0, 30.0, 70.0, 700.0, 3600, 300, 1800)
     fit = fit_thermal(t_ns, temp, power, None, power_is_average=False)
-    assert fit.step is not None and fit.chosen == "step"
+    assert fit.step is not None and fit.chosen == "output-error" and fit.model == "rc1"
     assert fit.step.r_th_c_per_w == pytest.approx(0.07, rel=0.01)
     assert fit.step.tau_s == pytest.approx(30.0, rel=0.01)
     assert fit.step.t_amb_c == pytest.approx(30.0, abs=0.3)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuprobe.sim import thermal
 from gpuprobe.sim.profiles import PROFILES, GpuProfile
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
@@ -62,7 +63,11 @@ def test_ground_truth_table_matches_profiles():
 
 def test_thermal_ground_truth_is_marked_as_such():
     rows = {row[0].strip("`"): row for row in table_after(DOC.read_text(), "<!-- ground-truth table")[1:]}
-    for key in ("idle_w", "ambient_c", "r_th_c_per_w", "tau_s", "mem_r_th_c_per_w", "mem_tau_s"):
+    thermal_keys = (
+        "idle_w", "ambient_c", "r_th_c_per_w", "tau_s", "r_fast_c_per_w", "tau_fast_s", "inlet_c_per_w",
+        "inlet_tau_s", "slot_offset_c", "fan_conductance_floor", "mem_r_th_c_per_w", "mem_tau_s",
+    )  # fmt: skip
+    for key in thermal_keys:
         assert rows[key][2] == "ground truth", key
     for key in ("limit_default_w", "slowdown_c", "sm_clock_max_mhz", "memory_total_bytes", "nvml_name"):
         assert rows[key][2] == "datasheet", key
@@ -72,12 +77,18 @@ def test_derived_figures_match_profiles():
     rows = table_after(DOC.read_text(), "Derived figures a fit should recover")
     assert rows[0][0] == "profile"
     assert [row[0] for row in rows[1:]] == list(PROFILES)
-    for name, power, temps in rows[1:]:
+    assert rows[0][1:] == ["P idle → full (W)", "T idle → T_ss full (°C)", "fan at full (%)", "R_th (°C/W)", "τ (s)"]
+    for name, power, temps, fan, r_th, tau in rows[1:]:
         p = PROFILES[name]
         p_idle, p_full = (float(x) for x in power.split("→"))
         t_idle, t_full = (float(x) for x in temps.split("→"))
         assert p_idle == p.power_w(0) and p_full == p.power_w(100)
-        assert t_idle == pytest.approx(p.steady_temp_c(p.power_w(0)), abs=0.005)
-        assert t_full == pytest.approx(p.steady_temp_c(p.power_w(100)), abs=0.005)
-        # the doc's claim: stock parameters never reach thermal slowdown at full load
-        assert t_full < p.slowdown_c
+        assert t_idle == pytest.approx(thermal.steady_temp_c(p, p.power_w(0)), abs=0.005)
+        assert t_full == pytest.approx(thermal.steady_temp_c(p, p.power_w(100)), abs=0.005)
+        # the doc's claim: stock parameters never reach thermal slowdown at full load, not even with eight
+        # GPUs at full load warming the inlet air
+        assert thermal.steady_temp_c(p, p_full, 8 * p_full) < p.slowdown_c
+        truth = thermal.truth_at(p, p_full, p_full)
+        assert fan == ("—" if truth.fan_pct is None else f"{truth.fan_pct:.1f}")
+        assert float(r_th) == pytest.approx(truth.r_th_c_per_w, abs=0.00005)
+        assert float(tau) == pytest.approx(truth.tau_s, abs=0.005)

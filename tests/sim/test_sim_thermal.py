@@ -1,4 +1,6 @@
-"""Temperature, thermal slowdown and cooling, against the documented RC model and fan curve."""
+"""Temperature, thermal slowdown and cooling, against the documented thermal model and fan curve.
+
+(tests/sim/test_sim_thermal_machine.py holds the C library against the Python mirror on whole machines.)"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import sys
 
 import pytest
 
-from gpuprobe.sim import perf
+from gpuprobe.sim import perf, thermal
 from gpuprobe.sim.profiles import PROFILES
 
 H100 = PROFILES["H100-SXM5-80GB"]
@@ -24,9 +26,20 @@ def tick_start_ns(config, ts_us):
     return config.tick_start_ns(ts_us * 1000 + 999)
 
 
-def test_temperature_follows_rc_step_response(sim, gpuprobe_cmd):
-    tau_s, mem_tau_s = 2.0, 1.5
-    machine = sim.machine("H100-SXM5-80GB", period_s=0.1, tau_s=tau_s, mem_tau_s=mem_tau_s)
+def test_temperature_follows_the_staged_step_response(sim, gpuprobe_cmd):
+    """A GPU alone in its machine: after a load step every stage (die, heatsink, inlet air; memory) relaxes
+    exponentially to its new level, so the temperature is a sum of three exponentials in closed form."""
+    tau_s, mem_tau_s, tau_fast_s, inlet_tau_s = 2.0, 1.5, 0.4, 1.2
+    machine = sim.machine(
+        "H100-SXM5-80GB",
+        period_s=0.1,
+        tau_s=tau_s,
+        mem_tau_s=mem_tau_s,
+        tau_fast_s=tau_fast_s,
+        inlet_tau_s=inlet_tau_s,
+        inlet_c_per_w=0.004,  # large enough to matter in whole degrees
+    )
+    p = machine.config().gpus[0].profile
     config = machine.config()
     r = sim.run(
         machine,
@@ -52,12 +65,22 @@ def test_temperature_follows_rc_step_response(sim, gpuprobe_cmd):
     t_step = int(match.group(1))
     assert config.next_tick_ns(t_step) == t_step  # the load starts on a tick boundary
 
-    p_idle, p_load = H100.power_w(0), H100.power_w(100)
-    assert p_load == H100.limit_default_w  # full load is power-capped
-    t0 = H100.ambient_c + H100.r_th_c_per_w * p_idle
-    t_ss = H100.ambient_c + H100.r_th_c_per_w * p_load
-    m0 = H100.ambient_c + H100.mem_r_th_c_per_w * p_idle
-    m_ss = H100.ambient_c + H100.mem_r_th_c_per_w * p_load
+    p_idle, p_load = p.power_w(0), p.power_w(100)
+    assert p_load == p.limit_default_w  # full load is power-capped
+    r_slow = p.r_th_c_per_w - p.r_fast_c_per_w
+    # (idle level, loaded level, time constant) of each stage: one GPU, so the node's power is its own
+    die_stages = [
+        (p.r_fast_c_per_w * p_idle, p.r_fast_c_per_w * p_load, tau_fast_s),
+        (r_slow * p_idle, r_slow * p_load, tau_s),
+        (p.inlet_c_per_w * p_idle, p.inlet_c_per_w * p_load, inlet_tau_s),
+    ]
+    mem_stages = [(p.mem_r_th_c_per_w * p_idle, p.mem_r_th_c_per_w * p_load, mem_tau_s), die_stages[2]]
+
+    def response(stages, dt):
+        return p.ambient_c + sum(hi + (lo - hi) * math.exp(-dt / tau) for lo, hi, tau in stages)
+
+    t0, m0 = response(die_stages, 0.0), response(mem_stages, 0.0)
+    assert t0 == pytest.approx(thermal.steady_temp_c(p, p_idle))
 
     before = after = 0
     ticks = set()
@@ -70,8 +93,7 @@ def test_temperature_follows_rc_step_response(sim, gpuprobe_cmd):
         else:
             after += 1
             dt = (t - t_step) / 1e9
-            want = t_ss + (t0 - t_ss) * math.exp(-dt / tau_s)
-            want_mem = m_ss + (m0 - m_ss) * math.exp(-dt / mem_tau_s)
+            want, want_mem = response(die_stages, dt), response(mem_stages, dt)
         # readings are whole degrees rounded from the model's value at the tick start
         assert abs(temp - want) <= 0.5 + 1e-9, (dt if t >= t_step else None, temp, want)
         assert abs(mem_temp - want_mem) <= 0.5 + 1e-9, (mem_temp, want_mem)
@@ -142,14 +164,17 @@ def test_power_cap_then_thermal_slowdown(cli, sim):
 
 
 def test_slowdown_hysteresis(sim):
-    """Slowdown switches on at the threshold and off only 3 C below it."""
+    """Slowdown switches on at the threshold and off only 3 C below it. (A quick fast stage and no inlet
+    coupling, so the temperature follows the power's switching within a few ticks.)"""
     # R chosen so that full power heats past the threshold but slowed power cools below threshold-3
     r_th = 0.095
     p_full = H100.limit_default_w
     p_slow = H100.idle_w + (H100.peak_demand_w - H100.idle_w) * H100.throttle_clock_factor
     assert H100.ambient_c + r_th * p_full > H100.slowdown_c + 5
     assert H100.ambient_c + r_th * p_slow < H100.slowdown_c - 3 - 2
-    machine = sim.machine("H100-SXM5-80GB", period_s=0.05, r_th_c_per_w=r_th, tau_s=0.5)
+    machine = sim.machine(
+        "H100-SXM5-80GB", period_s=0.05, r_th_c_per_w=r_th, tau_s=0.5, tau_fast_s=0.1, inlet_c_per_w=0.0
+    )
     machine.set_load(0, 100)
     ticks = sim.run(
         machine,
@@ -195,7 +220,8 @@ def fan_curve_pct(p, temp_c):
 
 
 def test_fans_follow_temperature_on_rtx_4090(sim):
-    machine = sim.machine("RTX-4090", period_s=0.05, tau_s=0.4)
+    # short time constants, so the fan settles within the test
+    machine = sim.machine("RTX-4090", period_s=0.05, tau_s=0.4, tau_fast_s=0.1, inlet_tau_s=0.1)
     r = sim.run(
         machine,
         """
@@ -212,7 +238,7 @@ def test_fans_follow_temperature_on_rtx_4090(sim):
         set_load(0, 100)
         seen = {}
         t0 = time.time()
-        while time.time() - t0 < 2.0:
+        while time.time() - t0 < 3.0:
             ts, v = same_tick(h, read)
             seen[ts] = v
             time.sleep(0.005)
@@ -234,7 +260,7 @@ def test_fans_follow_temperature_on_rtx_4090(sim):
         assert abs(fan - fan_curve_pct(RTX, temp)) <= 0.5 * slope + 0.5 + 1e-9
     fans = [v[1] for v in values]
     assert fans == sorted(fans)  # heating: the fan only speeds up
-    t_ss = RTX.steady_temp_c(RTX.power_w(100))
+    t_ss = thermal.steady_temp_c(RTX, RTX.power_w(100))  # the fan's own settling point (thermal.equilibrium)
     assert fans[-1] >= round(fan_curve_pct(RTX, t_ss)) - 2 > RTX.fan_min_pct + 40
 
 
@@ -259,7 +285,9 @@ def test_passive_parts_have_no_fans(sim, name):
     p = PROFILES[name]
     assert r["num"] == r["speed"] == r["speed_v2"] == "NotSupported"
     f = r["fields"]
-    assert f["82"] == round(p.ambient_c + p.mem_r_th_c_per_w * p.idle_w)  # datacenter parts expose it
+    # datacenter parts expose it: idle equilibrium, the inlet air warmed by the GPU's own idle power
+    assert f["82"] == thermal.MachineThermal([p], 100_000_000).mem_readings_c[0]
+    assert f["82"] == round(p.ambient_c + p.mem_r_th_c_per_w * p.idle_w + p.inlet_c_per_w * p.idle_w)
     assert f["186"] == round(p.idle_w * 1000)
     if p.power_usage_is_average:
         assert f["185"] == round(p.idle_w * 1000)
