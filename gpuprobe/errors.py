@@ -23,6 +23,8 @@ module (``gpuprobe.`` left out; ``agent/…`` is ``gpuprobe.agent``) and when it
     │   ├── TopicError                         control/topics.py: a host name or id that cannot be an
     │   │                                      MQTT topic segment (an option, or an id in a command)
     │   ├── UnknownProfileError                sim/profiles.py: an unknown GPU profile or a bad --set
+    │   ├── InitDbError                        influx/retention.py: --init-db cannot set up the database
+    │   │                                      (unreachable, not an admin, a bad policy name)
     │   └── DeviceError                        trainer/device.py: the --device asked for is not here
     ├── ServiceError                           errors.py: a part cannot start or keep running
     │   ├── SpoolError (RuntimeError)          agent/spool.py: the spool directory cannot be used (not
