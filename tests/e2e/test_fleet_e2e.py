@@ -167,11 +167,8 @@ def test_three_agents_a_collector_and_a_probe_fit_together(
     check_schema_doc(influxdb, (*measurements, "gpu_info"))
 
 
-def start_fleet(
-    tmp_path: Path, system: System, influxdb: InfluxDBDatabase, broker: str, cluster: str
-) -> tuple[Proc, dict[str, Proc], Path]:
-    """A collector and the three agents under their simulated machines, online and streaming; the
-    operator's private key."""
+def start_collector(tmp_path: Path, system: System, influxdb: InfluxDBDatabase) -> tuple[Proc, int]:
+    """One collector (no TLS) on a free port, writing into ``influxdb``; the process and its port."""
     port = free_port()
     collector = system.start(
         "collector",
@@ -181,9 +178,23 @@ def start_fleet(
             "--sink-linger", "0.2",
         ],
     )  # fmt: skip
+    return collector, port
+
+
+def operator_keys(tmp_path: Path) -> tuple[Path, Path]:
+    """A fresh operator key pair made by ``gpuprobe probe keygen``: (public, private)."""
     keygen = run("probe", "keygen", "--out", str(tmp_path / "keys"))
     assert keygen.returncode == 0, keygen.stderr
-    public, private = tmp_path / "keys/operator.pub", tmp_path / "keys/operator.key"
+    return tmp_path / "keys/operator.pub", tmp_path / "keys/operator.key"
+
+
+def start_fleet(
+    tmp_path: Path, system: System, influxdb: InfluxDBDatabase, broker: str, cluster: str
+) -> tuple[Proc, dict[str, Proc], Path]:
+    """A collector and the three agents under their simulated machines, online and streaming; the
+    operator's private key."""
+    collector, port = start_collector(tmp_path, system, influxdb)
+    public, private = operator_keys(tmp_path)
 
     agents = {}
     for host, profiles in NODES.items():

@@ -21,10 +21,18 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_fleet_e2e import System, gpuprobe_command, influx_rows, run, stop_agents, wait_until
+from test_fleet_e2e import (
+    System,
+    gpuprobe_command,
+    influx_rows,
+    operator_keys,
+    run,
+    start_collector,
+    stop_agents,
+    wait_until,
+)
 
 from gpuprobe.devservices import InfluxDBDatabase, MosquittoServer
-from gpuprobe.devservices.ports import free_port
 from gpuprobe.sim import thermal
 from gpuprobe.sim.profiles import PROFILES, with_overrides
 
@@ -62,17 +70,8 @@ def test_every_profile_recovers_its_thermal_ground_truth_through_the_pipeline(
     tmp_path: Path, system: System, influxdb: InfluxDBDatabase, mqtt_broker: MosquittoServer
 ) -> None:
     cluster = f"therm-{uuid.uuid4().hex[:6]}"
-    port = free_port()
-    collector = system.start(
-        "collector",
-        [
-            *gpuprobe_command(), "collector", "--insecure", "--listen", f"127.0.0.1:{port}",
-            "--influx-url", influxdb.server.url, "--influx-db", influxdb.name, "--wal", str(tmp_path / "wal"),
-            "--sink-linger", "0.2",
-        ],
-    )  # fmt: skip
-    assert run("probe", "keygen", "--out", str(tmp_path / "keys")).returncode == 0
-    public, private = tmp_path / "keys/operator.pub", tmp_path / "keys/operator.key"
+    collector, port = start_collector(tmp_path, system, influxdb)
+    public, private = operator_keys(tmp_path)
     agent = system.start(
         HOST,
         [
