@@ -16,6 +16,14 @@ samples lack is consumed by ``%.0s`` in theirs). Whole-column checks (no NaN or 
 columns within int64, all timestamps in the window, all GPU indices known) decide whether that fast
 path applies; otherwise every sample goes through the exact, slower per-value path that also reports
 what it dropped. Both paths write identical text.
+
+The GPU health fields (GpuSample fields 19 and up: ECC, remapping, violations, GPM, NVLink totals,
+``health``, ``health_reason``) are read by the agent once per health interval, so nine samples of
+ten lack them. Which of them any sample of a batch has is asked once per batch (the batch parsed
+again with its GPU samples merged into one message, :func:`_gpu_health_fields`); a batch without
+them takes the fast path over the 16 per-tick fields as before, and in a batch with them only the
+samples that carry one go through the exact path. The health measurements (``gpu_event``,
+``gpu_process``, ``gpu_nvlink``, ``gpu_mig``) are low volume and take the exact path only.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from operator import attrgetter
 from typing import Any
 
 import orjson
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
 from gpuprobe.collector.validate import (
@@ -53,6 +62,10 @@ TRAINER = "trainer"
 PROBE = "probe"
 AGENT = "agent"
 GPU_INFO = "gpu_info"
+GPU_EVENT = "gpu_event"
+GPU_PROCESS = "gpu_process"
+GPU_NVLINK = "gpu_nvlink"
+GPU_MIG = "gpu_mig"
 
 _FLOAT, _INT, _BOOL = 0, 1, 2
 _CACHE_LIMIT = 4096
@@ -82,6 +95,22 @@ TRAINER_DEVICES: dict[int, str] = {
     telemetry_pb2.TRAINER_DEVICE_CUDA: "cuda",
     telemetry_pb2.TRAINER_DEVICE_CPU: "cpu",
     telemetry_pb2.TRAINER_DEVICE_SIM: "sim",
+}
+# `health` string field of gpu points; UNSPECIFIED (not judged) is not written
+HEALTHS: dict[int, str] = {
+    common_pb2.GPU_HEALTH_HEALTHY: "healthy",
+    common_pb2.GPU_HEALTH_DEGRADED: "degraded",
+    common_pb2.GPU_HEALTH_FAILED: "failed",
+}
+# `kind` tag of gpu_event points; UNSPECIFIED is refused
+GPU_EVENT_KINDS: dict[int, str] = {
+    telemetry_pb2.GPU_EVENT_KIND_XID: "xid",
+    telemetry_pb2.GPU_EVENT_KIND_ECC_SINGLE_BIT: "ecc_sbe",
+    telemetry_pb2.GPU_EVENT_KIND_ECC_DOUBLE_BIT: "ecc_dbe",
+    telemetry_pb2.GPU_EVENT_KIND_CLOCK_CHANGE: "clock_change",
+    telemetry_pb2.GPU_EVENT_KIND_POWER_SOURCE_CHANGE: "power_source_change",
+    telemetry_pb2.GPU_EVENT_KIND_LOST: "lost",
+    telemetry_pb2.GPU_EVENT_KIND_RECOVERED: "recovered",
 }
 SOURCES: dict[int, str] = {
     telemetry_pb2.ACOUSTIC_SOURCE_MIC: "mic",
@@ -114,7 +143,25 @@ def _specs(message: Any, skip: Iterable[str]) -> tuple[Spec, ...]:
     return tuple(specs)
 
 
-GPU_SPECS = _specs(telemetry_pb2.GpuSample, skip=("time_unix_ns", "gpu_index"))
+# every numeric field of a gpu point; `health` and `health_reason` are string fields (GPU_STRINGS)
+GPU_SPECS = _specs(telemetry_pb2.GpuSample, skip=("time_unix_ns", "gpu_index", "health", "health_reason"))
+GPU_STRINGS = ("health", "health_reason")
+# the fields read at every tick (numbers 3-18), the only ones of the fast path; the health fields
+# (19 and up, read once per health interval) send a sample through the exact path
+_GPU_FAST_LAST_NUMBER = 18
+GPU_FAST_SPECS = tuple(
+    spec
+    for spec in GPU_SPECS
+    if telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name[spec[0]].number <= _GPU_FAST_LAST_NUMBER
+)
+GPU_HEALTH_FIELDS = tuple(
+    fd.name for fd in telemetry_pb2.GpuSample.DESCRIPTOR.fields if fd.number > _GPU_FAST_LAST_NUMBER
+)
+PROCESS_SPECS = _specs(telemetry_pb2.ProcessSample, skip=("time_unix_ns", "gpu_index", "pid", "command", "cgroup"))
+PROCESS_STRINGS = ("command", "cgroup")
+NVLINK_SPECS = _specs(telemetry_pb2.NvLinkSample, skip=("time_unix_ns", "gpu_index", "link"))
+MIG_SPECS = _specs(telemetry_pb2.MigSample, skip=("time_unix_ns", "gpu_index", "gpu_instance_id", "mig_uuid", "name"))
+MIG_STRINGS = ("name",)
 NODE_SPECS = _specs(telemetry_pb2.NodeSample, skip=("time_unix_ns", "hwmon_temp_c"))
 ACOUSTIC_SPECS = _specs(telemetry_pb2.AcousticSample, skip=("time_unix_ns", "source", "gpu_index"))
 TRAINER_SPECS = _specs(
@@ -140,15 +187,17 @@ GPU_INFO_SPECS: tuple[Spec, ...] = (
     ("pcie_width_max", _INT, True),
     ("fan_count", _INT, True),
     ("passive_cooling", _BOOL, True),
+    ("mig_enabled", _BOOL, True),
+    ("gpm_supported", _BOOL, True),
 )
 GPU_INFO_STRINGS = ("driver_version", "vbios_version", "architecture", "compute_capability")
 GPU_INFO_STRING_BYTES = 256
 
-_GPU_NAMES = tuple(name for name, _, _ in GPU_SPECS)
+_GPU_NAMES = tuple(name for name, _, _ in GPU_FAST_SPECS)
 _N_GPU = len(_GPU_NAMES)
 _ALL_GPU_FIELDS = (1 << _N_GPU) - 1
 # zero of each field's Python type: list.count compares a float with 0.0 twice as fast as with 0
-_GPU_ZEROS: tuple[float | int, ...] = tuple(0.0 if kind == _FLOAT else 0 for _, kind, _ in GPU_SPECS)
+_GPU_ZEROS: tuple[float | int, ...] = tuple(0.0 if kind == _FLOAT else 0 for _, kind, _ in GPU_FAST_SPECS)
 # the batch is read column by column: the fields in spec order, then the timestamps, the GPU indices
 _GPU_COLUMNS = tuple(attrgetter(name) for name in (*_GPU_NAMES, "time_unix_ns", "gpu_index"))
 # GpuSample.HasField unbound: map(_GPU_HAS, samples, repeat(name)) checks a whole column in C
@@ -159,6 +208,73 @@ _UINT64_POSITIONS = tuple(
     for i, fd in enumerate(telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name[n] for n in _GPU_NAMES)
     if fd.type == fd.TYPE_UINT64 or fd.type == fd.TYPE_INT64
 )
+
+
+def _merged_health_view() -> Any:
+    """A message type that reads a serialized ``SampleBatch`` as if ``gpu_samples`` were a singular
+    field of a message holding only the health fields: protobuf merges the repeated occurrences of a
+    singular message field, so parsing merges every GPU sample of the batch into one message whose
+    presence bits say which health fields *any* sample has, asked once per batch instead of once per
+    sample and field (the other fields are skipped as unknown). Declared proto2, so that every field
+    tracks presence; the types are the wire types (a bool or enum is a varint, a string bytes)."""
+    types = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(
+        name="gpuprobe_collector_health_view.proto", package="gpuprobe_collector_view", syntax="proto2"
+    )
+    health = file.message_type.add(name="Health")
+    for fd in telemetry_pb2.GpuSample.DESCRIPTOR.fields:
+        if fd.name in GPU_HEALTH_FIELDS:
+            if fd.type in (fd.TYPE_DOUBLE, fd.TYPE_STRING):
+                kind = types.TYPE_DOUBLE if fd.type == fd.TYPE_DOUBLE else types.TYPE_BYTES
+            else:
+                assert fd.type in (fd.TYPE_UINT64, fd.TYPE_UINT32, fd.TYPE_BOOL, fd.TYPE_ENUM), fd.name
+                kind = types.TYPE_UINT64
+            health.field.add(name=fd.name, number=fd.number, label=types.LABEL_OPTIONAL, type=kind)
+    view = file.message_type.add(name="MergedBatch")
+    view.field.add(
+        name="gpu_samples",
+        number=telemetry_pb2.SampleBatch.DESCRIPTOR.fields_by_name["gpu_samples"].number,
+        label=types.LABEL_OPTIONAL,
+        type=types.TYPE_MESSAGE,
+        type_name=".gpuprobe_collector_view.Health",
+    )
+    # the same, one level up: a serialized StreamRequest, as it came off the wire
+    request = file.message_type.add(name="MergedRequest")
+    request.field.add(
+        name="batch",
+        number=telemetry_pb2.StreamRequest.DESCRIPTOR.fields_by_name["batch"].number,
+        label=types.LABEL_OPTIONAL,
+        type=types.TYPE_MESSAGE,
+        type_name=".gpuprobe_collector_view.MergedBatch",
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    find = pool.FindMessageTypeByName
+    return (
+        message_factory.GetMessageClass(find("gpuprobe_collector_view.MergedBatch")),
+        message_factory.GetMessageClass(find("gpuprobe_collector_view.MergedRequest")),
+    )
+
+
+_MERGED_BATCH, _MERGED_REQUEST = _merged_health_view()
+
+
+def _gpu_health_fields(batch: telemetry_pb2.SampleBatch, request: bytes | None) -> list[str]:
+    """The health fields (GPU_HEALTH_FIELDS) that at least one GPU sample of ``batch`` has.
+
+    ``request`` is the serialized ``StreamRequest`` that carried ``batch``, when the caller has it:
+    reading it costs about a twentieth of serializing the batch again."""
+    if request is not None:
+        merged = _MERGED_REQUEST.FromString(request).batch.gpu_samples
+    else:
+        merged = _MERGED_BATCH.FromString(batch.SerializeToString()).gpu_samples
+    return [name for name in GPU_HEALTH_FIELDS if merged.HasField(name)]
+
+
+def _clean_text(value: str, max_bytes: int) -> str:
+    """A free-text string field, cleaned and cut (validate.clean_string_field), quoted; "" if empty."""
+    text = clean_string_field(value, max_bytes)
+    return quote_string_field(text) if text else ""
 
 
 def _checked_fields(msg: Message, specs: Sequence[Spec], problems: Problems, where: str) -> list[str]:
@@ -211,13 +327,16 @@ class StreamEncoder:
 
     # --- public ----------------------------------------------------------------------------------
 
-    def encode(self, batch: telemetry_pb2.SampleBatch, now_ns: int) -> EncodedBatch:
-        """All samples of ``batch`` that can be stored, as line protocol, plus the problems found."""
+    def encode(self, batch: telemetry_pb2.SampleBatch, now_ns: int, request: bytes | None = None) -> EncodedBatch:
+        """All samples of ``batch`` that can be stored, as line protocol, plus the problems found.
+
+        ``request``: the serialized ``StreamRequest`` that ``batch`` was parsed from, if the caller
+        kept it (optional; it makes finding the health samples cheaper, the result is the same)."""
         problems = Problems(seq=batch.seq)
         low, high = self.limits.time_window_ns(now_ns)
         out: list[bytes] = []
         gpus = self._resolve_gpus(batch.gpus)
-        gpu_lines = self._encode_gpu(batch.gpu_samples, gpus, low, high, problems, out) if batch.gpu_samples else 0
+        gpu_lines = self._encode_gpu(batch, request, gpus, low, high, problems, out) if batch.gpu_samples else 0
         gpu_chunks = len(out)
         for i, node in enumerate(batch.node_samples):
             self._encode_node(i, node, low, high, problems, out)
@@ -231,6 +350,16 @@ class StreamEncoder:
             self._encode_stats(batch, low, high, problems, out)
         for i, info in enumerate(batch.gpu_info):
             self._encode_gpu_info(i, info, batch.created_unix_ns, low, high, problems, out)
+        if batch.gpu_events or batch.process_samples or batch.nvlink_samples or batch.mig_samples:
+            refs = {ref.index: ref for ref in batch.gpus}
+            for i, gpu_event in enumerate(batch.gpu_events):
+                self._encode_gpu_event(i, gpu_event, gpus, refs, low, high, problems, out)
+            for i, process in enumerate(batch.process_samples):
+                self._encode_process(i, process, gpus, refs, low, high, problems, out)
+            for i, link in enumerate(batch.nvlink_samples):
+                self._encode_nvlink(i, link, gpus, refs, low, high, problems, out)
+            for i, mig in enumerate(batch.mig_samples):
+                self._encode_mig(i, mig, gpus, refs, low, high, problems, out)
         count = (
             len(batch.gpu_samples)
             + len(batch.node_samples)
@@ -238,6 +367,10 @@ class StreamEncoder:
             + len(batch.trainer_samples)
             + len(batch.probe_events)
             + len(batch.gpu_info)
+            + len(batch.gpu_events)
+            + len(batch.process_samples)
+            + len(batch.nvlink_samples)
+            + len(batch.mig_samples)
         )
         return EncodedBatch(b"".join(out), gpu_lines + len(out) - gpu_chunks, count, problems)
 
@@ -307,25 +440,47 @@ class StreamEncoder:
 
     def _encode_gpu(
         self,
-        samples: Sequence[telemetry_pb2.GpuSample],
+        batch: telemetry_pb2.SampleBatch,
+        request: bytes | None,
         gpus: Mapping[int, str | tuple[int, str]],
         low: int,
         high: int,
         problems: Problems,
         out: list[bytes],
     ) -> int:
-        """Appends the GPU lines to ``out`` (one chunk on the fast path); returns how many."""
-        listed = list(samples)  # the message wrappers, made once: every later pass reuses them
-        prefixes = {index: prefix for index, prefix in gpus.items() if isinstance(prefix, str)}
-        if len(prefixes) == len(gpus):
-            fast = self._encode_gpu_fast(listed, prefixes, low, high, problems)
+        """Appends the GPU lines to ``out`` (one chunk on the fast path); returns how many.
+
+        Samples without health fields (the 10 Hz ones) take the fast path; the samples that carry
+        health fields (once per health interval) take the exact path."""
+        listed = list(batch.gpu_samples)  # the message wrappers, made once: every later pass reuses them
+        health = _gpu_health_fields(batch, request)
+        plain: list[tuple[int, telemetry_pb2.GpuSample]] | None = None  # None: all, at their positions
+        carrying: list[tuple[int, telemetry_pb2.GpuSample]] = []
+        if health:
+            carries = [False] * len(listed)
+            for name in health:
+                if name == "health_reason":
+                    column = list(map(bool, map(attrgetter(name), listed)))
+                else:
+                    column = list(map(_GPU_HAS, listed, repeat(name)))
+                carries = list(map(bool.__or__, carries, column))
+            plain = [(i, sample) for i, sample in enumerate(listed) if not carries[i]]
+            carrying = [(i, sample) for i, sample in enumerate(listed) if carries[i]]
+            listed = [sample for _, sample in plain]
+        before = len(out)
+        lines = 0
+        if listed:
+            prefixes = {index: prefix for index, prefix in gpus.items() if isinstance(prefix, str)}
+            fast = self._encode_gpu_fast(listed, prefixes, low, high, problems) if len(prefixes) == len(gpus) else None
             if fast is not None:
                 out.append(fast[0])
-                return fast[1]
-        before = len(out)
-        for i, sample in enumerate(listed):
+                lines = fast[1] - 1  # the chunk itself is counted below
+            else:
+                for i, sample in plain if plain is not None else enumerate(listed):
+                    self._encode_gpu_checked(i, sample, gpus, low, high, problems, out)
+        for i, sample in carrying:
             self._encode_gpu_checked(i, sample, gpus, low, high, problems, out)
-        return len(out) - before
+        return lines + len(out) - before
 
     def _encode_gpu_fast(
         self,
@@ -426,7 +581,7 @@ class StreamEncoder:
         pieces = [prefix.replace("%", "%%")]
         first = True
         consumed = 1
-        for bit, (name, kind, _) in enumerate(GPU_SPECS):
+        for bit, (name, kind, _) in enumerate(GPU_FAST_SPECS):
             if dropped >> bit & 1:
                 continue
             consumed += 1
@@ -464,6 +619,12 @@ class StreamEncoder:
         if not self._time_ok(time_ns, low, high, problems, where):
             return
         parts = _checked_fields(sample, GPU_SPECS, problems, where)
+        health = HEALTHS.get(int(sample.health))
+        if health is not None:
+            parts.append(f'health="{health}"')
+        reason = _clean_text(sample.health_reason, self.limits.max_string_field_bytes)
+        if reason:
+            parts.append(f"health_reason={reason}")
         if not parts:
             problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
             return
@@ -651,4 +812,147 @@ class StreamEncoder:
             return
         tags = dict(self._identity_tags, gpu=str(info.index), uuid=info.uuid, model=info.name)
         prefix = self._cached_prefix((GPU_INFO, info.index, info.uuid, info.name), GPU_INFO, tags)
+        out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())
+
+    # --- the health measurements of a GPU (low volume: the exact path only) -----------------------
+
+    def _gpu_series(
+        self,
+        measurement: str,
+        index: int,
+        gpus: Mapping[int, str | tuple[int, str]],
+        refs: Mapping[int, telemetry_pb2.GpuRef],
+        extra: Mapping[str, str],
+        problems: Problems,
+        where: str,
+    ) -> str | None:
+        """The series prefix of a point of GPU ``index`` (its tags as on ``gpu`` points plus
+        ``extra``), or None when the GPU is not usable (reported: the sample is dropped)."""
+        resolved = gpus.get(index)
+        if resolved is None:
+            problems.sample(UNKNOWN_GPU, f"{where}: gpu index {index} is not in SampleBatch.gpus")
+            return None
+        if not isinstance(resolved, str):
+            problems.sample(resolved[0], f"{where}: {resolved[1]}")
+            return None
+        for what, value in extra.items():
+            problem = self._tag_problem(what, value) if value else None
+            if problem is not None:
+                problems.sample(INVALID_STRING, f"{where}: {problem}")
+                return None
+        ref = refs[index]
+        key = (measurement, index, ref.uuid, ref.name, *extra.items())
+        tags = dict(self._identity_tags, gpu=str(index), uuid=ref.uuid, model=ref.name, **extra)
+        return self._cached_prefix(key, measurement, tags)
+
+    def _encode_gpu_event(
+        self,
+        i: int,
+        event: telemetry_pb2.GpuEvent,
+        gpus: Mapping[int, str | tuple[int, str]],
+        refs: Mapping[int, telemetry_pb2.GpuRef],
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> None:
+        time_ns = event.time_unix_ns
+        where = f"gpu_events[{i}] (gpu {event.gpu_index}, time {time_ns})"
+        kind = GPU_EVENT_KINDS.get(int(event.kind))
+        if kind is None:
+            problems.sample(MISSING_FIELD, f"{where}: kind is unspecified or unknown ({int(event.kind)})")
+            return
+        prefix = self._gpu_series(GPU_EVENT, event.gpu_index, gpus, refs, {"kind": kind}, problems, where)
+        if prefix is None or not self._time_ok(time_ns, low, high, problems, where):
+            return
+        name = "xid" if event.kind == telemetry_pb2.GPU_EVENT_KIND_XID else "data"
+        parts = _checked_fields(event, ((name, _INT, False),), problems, where) if name == "data" else []
+        if name == "xid":
+            if event.data > INT64_MAX:
+                problems.value(NON_FINITE_VALUE, f"{where}: xid={event.data} is beyond the int64 range; value dropped")
+            else:
+                parts.append(f"xid={event.data}i")
+        text = _clean_text(event.text, self.limits.max_string_field_bytes)
+        if text:
+            parts.append(f"text={text}")
+        if event.HasField("gpu_instance_id"):
+            parts.append(f"gpu_instance={event.gpu_instance_id}i")
+        if not parts:
+            problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
+            return
+        out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())
+
+    def _encode_process(
+        self,
+        i: int,
+        sample: telemetry_pb2.ProcessSample,
+        gpus: Mapping[int, str | tuple[int, str]],
+        refs: Mapping[int, telemetry_pb2.GpuRef],
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> None:
+        time_ns = sample.time_unix_ns
+        where = f"process_samples[{i}] (gpu {sample.gpu_index}, pid {sample.pid}, time {time_ns})"
+        pid = {"pid": str(sample.pid)}
+        prefix = self._gpu_series(GPU_PROCESS, sample.gpu_index, gpus, refs, pid, problems, where)
+        if prefix is None or not self._time_ok(time_ns, low, high, problems, where):
+            return
+        parts: list[str] = []
+        for name in PROCESS_STRINGS:
+            text = _clean_text(getattr(sample, name), self.limits.max_string_field_bytes)
+            if text:
+                parts.append(f"{name}={text}")
+        parts.extend(_checked_fields(sample, PROCESS_SPECS, problems, where))
+        out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())
+
+    def _encode_nvlink(
+        self,
+        i: int,
+        sample: telemetry_pb2.NvLinkSample,
+        gpus: Mapping[int, str | tuple[int, str]],
+        refs: Mapping[int, telemetry_pb2.GpuRef],
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> None:
+        time_ns = sample.time_unix_ns
+        where = f"nvlink_samples[{i}] (gpu {sample.gpu_index}, link {sample.link}, time {time_ns})"
+        link = {"link": str(sample.link)}
+        prefix = self._gpu_series(GPU_NVLINK, sample.gpu_index, gpus, refs, link, problems, where)
+        if prefix is None or not self._time_ok(time_ns, low, high, problems, where):
+            return
+        parts = _checked_fields(sample, NVLINK_SPECS, problems, where)
+        if not parts:
+            problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
+            return
+        out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())
+
+    def _encode_mig(
+        self,
+        i: int,
+        sample: telemetry_pb2.MigSample,
+        gpus: Mapping[int, str | tuple[int, str]],
+        refs: Mapping[int, telemetry_pb2.GpuRef],
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> None:
+        time_ns = sample.time_unix_ns
+        where = f"mig_samples[{i}] (gpu {sample.gpu_index}, gpu instance {sample.gpu_instance_id}, time {time_ns})"
+        tags = {"gpu_instance": str(sample.gpu_instance_id), "mig_uuid": sample.mig_uuid}
+        prefix = self._gpu_series(GPU_MIG, sample.gpu_index, gpus, refs, tags, problems, where)
+        if prefix is None or not self._time_ok(time_ns, low, high, problems, where):
+            return
+        parts: list[str] = []
+        name = _clean_text(sample.name, GPU_INFO_STRING_BYTES)
+        if name:
+            parts.append(f"name={name}")
+        parts.extend(_checked_fields(sample, MIG_SPECS, problems, where))
+        if not parts:
+            problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
+            return
         out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())

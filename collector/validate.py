@@ -28,8 +28,12 @@ String rules (tag values: identity labels, GPU uuid and model, workload, probe i
 The string checks themselves are line protocol's (:func:`gpuprobe.influx.storable.tag_value_problem`);
 this module applies them with the collector's limits and turns them into stream errors and reports.
 
-Free-text string *fields* (``ProbeEvent.message``) are not refused: control characters are
-replaced by a space and the text is cut to ``Limits.max_string_field_bytes``.
+Free-text string *fields* (``ProbeEvent.message``, ``GpuSample.health_reason``, ``GpuEvent.text``,
+``ProcessSample.command`` and ``cgroup``: the last two come from the node's processes, so anyone
+who can start a process there chooses them) are not refused: control characters are replaced by a
+space and the text is cut to ``Limits.max_string_field_bytes`` (``GpuInfo`` strings and
+``MigSample.name``: 256 bytes); quotes and backslashes are escaped when the line is written. Invalid
+UTF-8 cannot reach this point: protobuf refuses to decode a ``string`` field that holds it.
 """
 
 from __future__ import annotations
@@ -87,7 +91,8 @@ class Limits:
     timestamp_policy: str = "reject"
     #: Longest tag value, in bytes of UTF-8.
     max_tag_bytes: int = 256
-    #: Longest free-text string field (``ProbeEvent.message``), in bytes of UTF-8; longer is cut.
+    #: Longest free-text string field (``ProbeEvent.message``, ``GpuSample.health_reason``,
+    #: ``GpuEvent.text``, ``ProcessSample.command`` and ``cgroup``), in bytes of UTF-8; longer is cut.
     max_string_field_bytes: int = 4096
     #: Largest serialized ``StreamRequest``, in bytes (gRPC refuses larger with RESOURCE_EXHAUSTED).
     max_message_bytes: int = 8 * 1024 * 1024

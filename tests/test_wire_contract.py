@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.descriptor import FieldDescriptor
 
 from gpuprobe.v1 import common_pb2, control_pb2, telemetry_pb2, telemetry_pb2_grpc
 
@@ -66,7 +68,7 @@ def test_check_reports_a_changed_proto_as_stale_until_regenerated(contract_copy:
     anchor = "  optional double pcie_rx_bytes_per_s = 18;\n"
     assert anchor in text
     telemetry.write_text(
-        text.replace(anchor, anchor + "  // Added in a test.\n  optional double extra_w = 19;\n"),
+        text.replace(anchor, anchor + "  // Added in a test.\n  optional double extra_w = 999;\n"),
         encoding="utf-8",
     )
 
@@ -137,16 +139,83 @@ GPU_SCHEMA_FIELDS = {
     "util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "power_instant_w",
     "energy_j", "temp_c", "mem_temp_c", "fan_pct", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w",
     "clock_event_reasons", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
+    # health (issue 12): read once per health interval, absent from the other samples
+    "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
+    "ecc_uncorrected_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
+    "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure",
+    "pcie_replay_count", "power_violation_us", "thermal_violation_us", "sync_boost_violation_us",
+    "fan_rpm", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_util_pct",
+    "fp16_active_pct", "fp32_active_pct", "fp64_active_pct", "nvlink_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s", "health",
 }  # fmt: skip
+# free text whose empty value means "absent" (the field is then not written)
+GPU_SCHEMA_TEXT = {"health_reason"}
+SCHEMA_DOC = Path(__file__).resolve().parents[1] / "docs" / "schema.md"
 
 
 def test_every_measured_gpu_field_of_the_storage_schema_can_be_absent() -> None:
     fields = {f.name: f for f in telemetry_pb2.GpuSample.DESCRIPTOR.fields}
-    assert set(fields) == GPU_SCHEMA_FIELDS | {"time_unix_ns", "gpu_index"}
+    assert set(fields) == GPU_SCHEMA_FIELDS | GPU_SCHEMA_TEXT | {"time_unix_ns", "gpu_index"}
     assert [name for name in GPU_SCHEMA_FIELDS if not fields[name].has_presence] == []
+    assert all(fields[name].type == fields[name].TYPE_STRING for name in GPU_SCHEMA_TEXT)
+    # the enum's zero is "not judged", never stored
+    assert common_pb2.GpuHealth.Name(0) == "GPU_HEALTH_UNSPECIFIED"
     for message in (telemetry_pb2.NodeSample, telemetry_pb2.AcousticSample):
         measured = [f for f in message.DESCRIPTOR.fields if f.name not in {"time_unix_ns", "source"}]
         assert all(f.has_presence or f.message_type is not None for f in measured), message
+    # the measured fields of the health messages (not their keys: GPU, time, link, pid, instance) can
+    # be absent too; proto3 strings are absent when empty, `ended` is a flag that is always written
+    keys = {"time_unix_ns", "gpu_index", "pid", "link", "gpu_instance_id", "kind", "data", "ended"}
+    for message in (
+        telemetry_pb2.GpuEvent,
+        telemetry_pb2.ProcessSample,
+        telemetry_pb2.NvLinkSample,
+        telemetry_pb2.MigSample,
+    ):
+        measured = [f for f in message.DESCRIPTOR.fields if f.name not in keys and f.type != f.TYPE_STRING]
+        assert all(f.has_presence for f in measured), message
+    for message in (common_pb2.GpuInfo,):
+        assert all(message.DESCRIPTOR.fields_by_name[name].has_presence for name in ("mig_enabled", "gpm_supported"))
+
+
+def test_every_gpu_field_is_in_the_storage_schema_with_its_type() -> None:
+    """docs/schema.md lists every GpuSample field stored (the gpu table), and the health messages'
+    fields in their measurements' tables, with the type the proto gives them."""
+    text = SCHEMA_DOC.read_text(encoding="utf-8")
+
+    def documented(measurement: str) -> dict[str, str]:
+        match = re.search(rf"^## `{measurement}`.*?(?=^## )", text, re.S | re.M)
+        assert match, measurement
+        rows = re.findall(r"^\| `([a-z0-9_]+)` \| (float|integer|boolean|string) \|", match.group(0), re.M)
+        return dict(rows)
+
+    def kind(field: FieldDescriptor) -> str:
+        if field.type in (field.TYPE_DOUBLE, field.TYPE_FLOAT):
+            return "float"
+        if field.type == field.TYPE_BOOL:
+            return "boolean"
+        if field.type in (field.TYPE_STRING, field.TYPE_ENUM):
+            return "string"
+        return "integer"
+
+    gpu = documented("gpu")
+    for name in GPU_SCHEMA_FIELDS | GPU_SCHEMA_TEXT:
+        assert gpu.get(name) == kind(telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name[name]), name
+    renamed = {"gpu_instance_id": "gpu_instance"}
+    tags = {"time_unix_ns", "gpu_index", "pid", "link", "kind", "data", "mig_uuid"}
+    for measurement, message in (
+        ("gpu_process", telemetry_pb2.ProcessSample),
+        ("gpu_nvlink", telemetry_pb2.NvLinkSample),
+        ("gpu_mig", telemetry_pb2.MigSample),
+        ("gpu_event", telemetry_pb2.GpuEvent),
+    ):
+        table = documented(measurement)
+        for field in message.DESCRIPTOR.fields:
+            if field.name in tags or (measurement == "gpu_mig" and field.name == "gpu_instance_id"):
+                continue
+            assert table.get(renamed.get(field.name, field.name)) == kind(field), (measurement, field.name)
+    for name in ("mig_enabled", "gpm_supported"):
+        assert documented("gpu_info").get(name) == "boolean"
 
 
 def test_sample_batch_round_trip_keeps_absent_fields_absent_and_zeros_present() -> None:

@@ -13,6 +13,13 @@ class Virtualization(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VIRTUALIZATION_VGPU: _ClassVar[Virtualization]
     VIRTUALIZATION_HOST_VGPU: _ClassVar[Virtualization]
 
+class GpuHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GPU_HEALTH_UNSPECIFIED: _ClassVar[GpuHealth]
+    GPU_HEALTH_HEALTHY: _ClassVar[GpuHealth]
+    GPU_HEALTH_DEGRADED: _ClassVar[GpuHealth]
+    GPU_HEALTH_FAILED: _ClassVar[GpuHealth]
+
 class ProbePhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PROBE_PHASE_UNSPECIFIED: _ClassVar[ProbePhase]
@@ -35,6 +42,10 @@ VIRTUALIZATION_BARE_METAL: Virtualization
 VIRTUALIZATION_PASSTHROUGH: Virtualization
 VIRTUALIZATION_VGPU: Virtualization
 VIRTUALIZATION_HOST_VGPU: Virtualization
+GPU_HEALTH_UNSPECIFIED: GpuHealth
+GPU_HEALTH_HEALTHY: GpuHealth
+GPU_HEALTH_DEGRADED: GpuHealth
+GPU_HEALTH_FAILED: GpuHealth
 PROBE_PHASE_UNSPECIFIED: ProbePhase
 PROBE_PHASE_PENDING: ProbePhase
 PROBE_PHASE_IDLE_BASELINE: ProbePhase
@@ -67,7 +78,7 @@ class AgentIdentity(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., host: _Optional[str] = ..., cluster: _Optional[str] = ..., cloud: _Optional[str] = ..., instance_type: _Optional[str] = ..., region: _Optional[str] = ..., virtualization: _Optional[_Union[Virtualization, str]] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "power_limit_min_w", "power_limit_max_w", "power_limit_default_w", "temp_slowdown_c", "temp_shutdown_c", "temp_gpu_max_c", "temp_mem_max_c", "driver_version", "architecture", "fan_count", "passive_cooling", "compute_capability", "vbios_version", "pcie_gen_max", "pcie_width_max")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total_bytes", "power_limit_min_w", "power_limit_max_w", "power_limit_default_w", "temp_slowdown_c", "temp_shutdown_c", "temp_gpu_max_c", "temp_mem_max_c", "driver_version", "architecture", "fan_count", "passive_cooling", "compute_capability", "vbios_version", "pcie_gen_max", "pcie_width_max", "mig_enabled", "gpm_supported")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +99,8 @@ class GpuInfo(_message.Message):
     VBIOS_VERSION_FIELD_NUMBER: _ClassVar[int]
     PCIE_GEN_MAX_FIELD_NUMBER: _ClassVar[int]
     PCIE_WIDTH_MAX_FIELD_NUMBER: _ClassVar[int]
+    MIG_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    GPM_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -108,4 +121,6 @@ class GpuInfo(_message.Message):
     vbios_version: str
     pcie_gen_max: int
     pcie_width_max: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., power_limit_min_w: _Optional[float] = ..., power_limit_max_w: _Optional[float] = ..., power_limit_default_w: _Optional[float] = ..., temp_slowdown_c: _Optional[float] = ..., temp_shutdown_c: _Optional[float] = ..., temp_gpu_max_c: _Optional[float] = ..., temp_mem_max_c: _Optional[float] = ..., driver_version: _Optional[str] = ..., architecture: _Optional[str] = ..., fan_count: _Optional[int] = ..., passive_cooling: _Optional[bool] = ..., compute_capability: _Optional[str] = ..., vbios_version: _Optional[str] = ..., pcie_gen_max: _Optional[int] = ..., pcie_width_max: _Optional[int] = ...) -> None: ...
+    mig_enabled: bool
+    gpm_supported: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., power_limit_min_w: _Optional[float] = ..., power_limit_max_w: _Optional[float] = ..., power_limit_default_w: _Optional[float] = ..., temp_slowdown_c: _Optional[float] = ..., temp_shutdown_c: _Optional[float] = ..., temp_gpu_max_c: _Optional[float] = ..., temp_mem_max_c: _Optional[float] = ..., driver_version: _Optional[str] = ..., architecture: _Optional[str] = ..., fan_count: _Optional[int] = ..., passive_cooling: _Optional[bool] = ..., compute_capability: _Optional[str] = ..., vbios_version: _Optional[str] = ..., pcie_gen_max: _Optional[int] = ..., pcie_width_max: _Optional[int] = ..., mig_enabled: _Optional[bool] = ..., gpm_supported: _Optional[bool] = ...) -> None: ...

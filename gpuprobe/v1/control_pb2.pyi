@@ -172,7 +172,7 @@ class CommandReply(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., host: _Optional[str] = ..., accepted: _Optional[bool] = ..., reason: _Optional[_Union[RefusalReason, str]] = ..., message: _Optional[str] = ..., time_unix_ns: _Optional[int] = ..., probe_id: _Optional[str] = ...) -> None: ...
 
 class AgentPresence(_message.Message):
-    __slots__ = ("state", "identity", "agent_version", "gpus", "last_seen_unix_ns", "started_unix_ns", "workloads", "probe_id", "sample_interval_s", "uplink_connected", "spool_bytes", "last_ack_unix_ns")
+    __slots__ = ("state", "identity", "agent_version", "gpus", "last_seen_unix_ns", "started_unix_ns", "workloads", "probe_id", "sample_interval_s", "uplink_connected", "spool_bytes", "last_ack_unix_ns", "gpu_health")
     STATE_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class AgentPresence(_message.Message):
     UPLINK_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     SPOOL_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAST_ACK_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    GPU_HEALTH_FIELD_NUMBER: _ClassVar[int]
     state: AgentState
     identity: _common_pb2.AgentIdentity
     agent_version: str
@@ -197,7 +198,18 @@ class AgentPresence(_message.Message):
     uplink_connected: bool
     spool_bytes: int
     last_ack_unix_ns: int
-    def __init__(self, state: _Optional[_Union[AgentState, str]] = ..., identity: _Optional[_Union[_common_pb2.AgentIdentity, _Mapping[str, object]]] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuInfo, _Mapping[str, object]]]] = ..., last_seen_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., workloads: _Optional[_Iterable[str]] = ..., probe_id: _Optional[str] = ..., sample_interval_s: _Optional[float] = ..., uplink_connected: _Optional[bool] = ..., spool_bytes: _Optional[int] = ..., last_ack_unix_ns: _Optional[int] = ...) -> None: ...
+    gpu_health: _containers.RepeatedCompositeFieldContainer[GpuHealthStatus]
+    def __init__(self, state: _Optional[_Union[AgentState, str]] = ..., identity: _Optional[_Union[_common_pb2.AgentIdentity, _Mapping[str, object]]] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuInfo, _Mapping[str, object]]]] = ..., last_seen_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., workloads: _Optional[_Iterable[str]] = ..., probe_id: _Optional[str] = ..., sample_interval_s: _Optional[float] = ..., uplink_connected: _Optional[bool] = ..., spool_bytes: _Optional[int] = ..., last_ack_unix_ns: _Optional[int] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealthStatus, _Mapping[str, object]]]] = ...) -> None: ...
+
+class GpuHealthStatus(_message.Message):
+    __slots__ = ("index", "health", "reason")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    health: _common_pb2.GpuHealth
+    reason: str
+    def __init__(self, index: _Optional[int] = ..., health: _Optional[_Union[_common_pb2.GpuHealth, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProbeProgress(_message.Message):
     __slots__ = ("probe_id", "host", "time_unix_ns", "phase", "status", "step", "samples_per_s", "fraction_done", "started_unix_ns", "workload")

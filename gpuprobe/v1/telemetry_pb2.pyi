@@ -8,6 +8,17 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GpuEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GPU_EVENT_KIND_UNSPECIFIED: _ClassVar[GpuEventKind]
+    GPU_EVENT_KIND_XID: _ClassVar[GpuEventKind]
+    GPU_EVENT_KIND_ECC_SINGLE_BIT: _ClassVar[GpuEventKind]
+    GPU_EVENT_KIND_ECC_DOUBLE_BIT: _ClassVar[GpuEventKind]
+    GPU_EVENT_KIND_CLOCK_CHANGE: _ClassVar[GpuEventKind]
+    GPU_EVENT_KIND_POWER_SOURCE_CHANGE: _ClassVar[GpuEventKind]
+    GPU_EVENT_KIND_LOST: _ClassVar[GpuEventKind]
+    GPU_EVENT_KIND_RECOVERED: _ClassVar[GpuEventKind]
+
 class AcousticSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ACOUSTIC_SOURCE_UNSPECIFIED: _ClassVar[AcousticSource]
@@ -38,6 +49,14 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REJECT_REASON_TIMESTAMP_OUT_OF_RANGE: _ClassVar[RejectReason]
     REJECT_REASON_MISSING_FIELD: _ClassVar[RejectReason]
     REJECT_REASON_SINK_REFUSED: _ClassVar[RejectReason]
+GPU_EVENT_KIND_UNSPECIFIED: GpuEventKind
+GPU_EVENT_KIND_XID: GpuEventKind
+GPU_EVENT_KIND_ECC_SINGLE_BIT: GpuEventKind
+GPU_EVENT_KIND_ECC_DOUBLE_BIT: GpuEventKind
+GPU_EVENT_KIND_CLOCK_CHANGE: GpuEventKind
+GPU_EVENT_KIND_POWER_SOURCE_CHANGE: GpuEventKind
+GPU_EVENT_KIND_LOST: GpuEventKind
+GPU_EVENT_KIND_RECOVERED: GpuEventKind
 ACOUSTIC_SOURCE_UNSPECIFIED: AcousticSource
 ACOUSTIC_SOURCE_MIC: AcousticSource
 ACOUSTIC_SOURCE_PROXY: AcousticSource
@@ -107,7 +126,7 @@ class Welcome(_message.Message):
     def __init__(self, collector_id: _Optional[str] = ..., collector_version: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., time_unix_ns: _Optional[int] = ...) -> None: ...
 
 class SampleBatch(_message.Message):
-    __slots__ = ("agent_id", "seq", "created_unix_ns", "gpus", "gpu_samples", "node_samples", "acoustic_samples", "trainer_samples", "probe_events", "stats", "gpu_info")
+    __slots__ = ("agent_id", "seq", "created_unix_ns", "gpus", "gpu_samples", "node_samples", "acoustic_samples", "trainer_samples", "probe_events", "stats", "gpu_info", "gpu_events", "process_samples", "nvlink_samples", "mig_samples")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +138,10 @@ class SampleBatch(_message.Message):
     PROBE_EVENTS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     GPU_INFO_FIELD_NUMBER: _ClassVar[int]
+    GPU_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MIG_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     created_unix_ns: int
@@ -130,7 +153,11 @@ class SampleBatch(_message.Message):
     probe_events: _containers.RepeatedCompositeFieldContainer[ProbeEvent]
     stats: AgentStats
     gpu_info: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuInfo]
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuRef, _Mapping[str, object]]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping[str, object]]]] = ..., node_samples: _Optional[_Iterable[_Union[NodeSample, _Mapping[str, object]]]] = ..., acoustic_samples: _Optional[_Iterable[_Union[AcousticSample, _Mapping[str, object]]]] = ..., trainer_samples: _Optional[_Iterable[_Union[TrainerSample, _Mapping[str, object]]]] = ..., probe_events: _Optional[_Iterable[_Union[ProbeEvent, _Mapping[str, object]]]] = ..., stats: _Optional[_Union[AgentStats, _Mapping[str, object]]] = ..., gpu_info: _Optional[_Iterable[_Union[_common_pb2.GpuInfo, _Mapping[str, object]]]] = ...) -> None: ...
+    gpu_events: _containers.RepeatedCompositeFieldContainer[GpuEvent]
+    process_samples: _containers.RepeatedCompositeFieldContainer[ProcessSample]
+    nvlink_samples: _containers.RepeatedCompositeFieldContainer[NvLinkSample]
+    mig_samples: _containers.RepeatedCompositeFieldContainer[MigSample]
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuRef, _Mapping[str, object]]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping[str, object]]]] = ..., node_samples: _Optional[_Iterable[_Union[NodeSample, _Mapping[str, object]]]] = ..., acoustic_samples: _Optional[_Iterable[_Union[AcousticSample, _Mapping[str, object]]]] = ..., trainer_samples: _Optional[_Iterable[_Union[TrainerSample, _Mapping[str, object]]]] = ..., probe_events: _Optional[_Iterable[_Union[ProbeEvent, _Mapping[str, object]]]] = ..., stats: _Optional[_Union[AgentStats, _Mapping[str, object]]] = ..., gpu_info: _Optional[_Iterable[_Union[_common_pb2.GpuInfo, _Mapping[str, object]]]] = ..., gpu_events: _Optional[_Iterable[_Union[GpuEvent, _Mapping[str, object]]]] = ..., process_samples: _Optional[_Iterable[_Union[ProcessSample, _Mapping[str, object]]]] = ..., nvlink_samples: _Optional[_Iterable[_Union[NvLinkSample, _Mapping[str, object]]]] = ..., mig_samples: _Optional[_Iterable[_Union[MigSample, _Mapping[str, object]]]] = ...) -> None: ...
 
 class GpuRef(_message.Message):
     __slots__ = ("index", "uuid", "name")
@@ -157,7 +184,7 @@ class AgentStats(_message.Message):
     def __init__(self, dropped_samples: _Optional[int] = ..., dropped_batches: _Optional[int] = ..., read_errors: _Optional[int] = ..., missed_ticks: _Optional[int] = ..., spool_bytes: _Optional[int] = ...) -> None: ...
 
 class GpuSample(_message.Message):
-    __slots__ = ("time_unix_ns", "gpu_index", "util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "power_instant_w", "energy_j", "temp_c", "mem_temp_c", "fan_pct", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w", "clock_event_reasons", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
+    __slots__ = ("time_unix_ns", "gpu_index", "util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "power_instant_w", "energy_j", "temp_c", "mem_temp_c", "fan_pct", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w", "clock_event_reasons", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure", "pcie_replay_count", "power_violation_us", "thermal_violation_us", "sync_boost_violation_us", "fan_rpm", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_util_pct", "fp16_active_pct", "fp32_active_pct", "fp64_active_pct", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "health", "health_reason")
     TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     UTIL_PCT_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +203,33 @@ class GpuSample(_message.Message):
     CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
     PCIE_TX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     PCIE_RX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    ECC_CORRECTED_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_UNCORRECTED_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_CORRECTED_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    ECC_UNCORRECTED_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_SBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_DBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_CORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_UNCORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    REMAP_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REMAP_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    PCIE_REPLAY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    POWER_VIOLATION_US_FIELD_NUMBER: _ClassVar[int]
+    THERMAL_VIOLATION_US_FIELD_NUMBER: _ClassVar[int]
+    SYNC_BOOST_VIOLATION_US_FIELD_NUMBER: _ClassVar[int]
+    FAN_RPM_FIELD_NUMBER: _ClassVar[int]
+    SM_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
+    SM_OCCUPANCY_PCT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
+    DRAM_BW_UTIL_PCT_FIELD_NUMBER: _ClassVar[int]
+    FP16_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
+    FP32_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
+    FP64_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_TX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_RX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_REASON_FIELD_NUMBER: _ClassVar[int]
     time_unix_ns: int
     gpu_index: int
     util_pct: float
@@ -194,7 +248,116 @@ class GpuSample(_message.Message):
     clock_event_reasons: int
     pcie_tx_bytes_per_s: float
     pcie_rx_bytes_per_s: float
-    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., util_pct: _Optional[float] = ..., mem_util_pct: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., power_w: _Optional[float] = ..., power_instant_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temp_c: _Optional[float] = ..., mem_temp_c: _Optional[float] = ..., fan_pct: _Optional[float] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., power_limit_w: _Optional[float] = ..., clock_event_reasons: _Optional[int] = ..., pcie_tx_bytes_per_s: _Optional[float] = ..., pcie_rx_bytes_per_s: _Optional[float] = ...) -> None: ...
+    ecc_corrected_volatile: int
+    ecc_uncorrected_volatile: int
+    ecc_corrected_aggregate: int
+    ecc_uncorrected_aggregate: int
+    retired_pages_sbe: int
+    retired_pages_dbe: int
+    retired_pages_pending: bool
+    remapped_rows_correctable: int
+    remapped_rows_uncorrectable: int
+    remap_pending: bool
+    remap_failure: bool
+    pcie_replay_count: int
+    power_violation_us: int
+    thermal_violation_us: int
+    sync_boost_violation_us: int
+    fan_rpm: float
+    sm_active_pct: float
+    sm_occupancy_pct: float
+    tensor_active_pct: float
+    dram_bw_util_pct: float
+    fp16_active_pct: float
+    fp32_active_pct: float
+    fp64_active_pct: float
+    nvlink_tx_bytes_per_s: float
+    nvlink_rx_bytes_per_s: float
+    health: _common_pb2.GpuHealth
+    health_reason: str
+    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., util_pct: _Optional[float] = ..., mem_util_pct: _Optional[float] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., power_w: _Optional[float] = ..., power_instant_w: _Optional[float] = ..., energy_j: _Optional[float] = ..., temp_c: _Optional[float] = ..., mem_temp_c: _Optional[float] = ..., fan_pct: _Optional[float] = ..., sm_clock_mhz: _Optional[int] = ..., mem_clock_mhz: _Optional[int] = ..., power_limit_w: _Optional[float] = ..., clock_event_reasons: _Optional[int] = ..., pcie_tx_bytes_per_s: _Optional[float] = ..., pcie_rx_bytes_per_s: _Optional[float] = ..., ecc_corrected_volatile: _Optional[int] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_aggregate: _Optional[int] = ..., ecc_uncorrected_aggregate: _Optional[int] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remap_pending: _Optional[bool] = ..., remap_failure: _Optional[bool] = ..., pcie_replay_count: _Optional[int] = ..., power_violation_us: _Optional[int] = ..., thermal_violation_us: _Optional[int] = ..., sync_boost_violation_us: _Optional[int] = ..., fan_rpm: _Optional[float] = ..., sm_active_pct: _Optional[float] = ..., sm_occupancy_pct: _Optional[float] = ..., tensor_active_pct: _Optional[float] = ..., dram_bw_util_pct: _Optional[float] = ..., fp16_active_pct: _Optional[float] = ..., fp32_active_pct: _Optional[float] = ..., fp64_active_pct: _Optional[float] = ..., nvlink_tx_bytes_per_s: _Optional[float] = ..., nvlink_rx_bytes_per_s: _Optional[float] = ..., health: _Optional[_Union[_common_pb2.GpuHealth, str]] = ..., health_reason: _Optional[str] = ...) -> None: ...
+
+class GpuEvent(_message.Message):
+    __slots__ = ("time_unix_ns", "gpu_index", "kind", "data", "text", "gpu_instance_id")
+    TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    GPU_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    time_unix_ns: int
+    gpu_index: int
+    kind: GpuEventKind
+    data: int
+    text: str
+    gpu_instance_id: int
+    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., kind: _Optional[_Union[GpuEventKind, str]] = ..., data: _Optional[int] = ..., text: _Optional[str] = ..., gpu_instance_id: _Optional[int] = ...) -> None: ...
+
+class ProcessSample(_message.Message):
+    __slots__ = ("time_unix_ns", "gpu_index", "pid", "command", "cgroup", "used_memory_bytes", "sm_pct", "mem_util_pct", "energy_j", "ended")
+    TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SM_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEM_UTIL_PCT_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    time_unix_ns: int
+    gpu_index: int
+    pid: int
+    command: str
+    cgroup: str
+    used_memory_bytes: int
+    sm_pct: float
+    mem_util_pct: float
+    energy_j: float
+    ended: bool
+    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., pid: _Optional[int] = ..., command: _Optional[str] = ..., cgroup: _Optional[str] = ..., used_memory_bytes: _Optional[int] = ..., sm_pct: _Optional[float] = ..., mem_util_pct: _Optional[float] = ..., energy_j: _Optional[float] = ..., ended: _Optional[bool] = ...) -> None: ...
+
+class NvLinkSample(_message.Message):
+    __slots__ = ("time_unix_ns", "gpu_index", "link", "tx_bytes_per_s", "rx_bytes_per_s", "crc_flit_errors", "crc_data_errors", "replay_errors", "recovery_errors")
+    TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    TX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    RX_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    CRC_FLIT_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    CRC_DATA_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    time_unix_ns: int
+    gpu_index: int
+    link: int
+    tx_bytes_per_s: float
+    rx_bytes_per_s: float
+    crc_flit_errors: int
+    crc_data_errors: int
+    replay_errors: int
+    recovery_errors: int
+    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., link: _Optional[int] = ..., tx_bytes_per_s: _Optional[float] = ..., rx_bytes_per_s: _Optional[float] = ..., crc_flit_errors: _Optional[int] = ..., crc_data_errors: _Optional[int] = ..., replay_errors: _Optional[int] = ..., recovery_errors: _Optional[int] = ...) -> None: ...
+
+class MigSample(_message.Message):
+    __slots__ = ("time_unix_ns", "gpu_index", "gpu_instance_id", "mig_uuid", "name", "mem_used_bytes", "mem_total_bytes", "multiprocessor_count")
+    TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPU_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIG_UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MULTIPROCESSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    time_unix_ns: int
+    gpu_index: int
+    gpu_instance_id: int
+    mig_uuid: str
+    name: str
+    mem_used_bytes: int
+    mem_total_bytes: int
+    multiprocessor_count: int
+    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., mig_uuid: _Optional[str] = ..., name: _Optional[str] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., multiprocessor_count: _Optional[int] = ...) -> None: ...
 
 class NodeSample(_message.Message):
     __slots__ = ("time_unix_ns", "cpu_pct", "mem_used_bytes", "mem_total_bytes", "load1", "hwmon_temp_c")

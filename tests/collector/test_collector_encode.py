@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpuprobe.collector.encode import GPU_SPECS, StreamEncoder
+from gpuprobe.collector.encode import GPU_HEALTH_FIELDS, GPU_SPECS, StreamEncoder
 from gpuprobe.collector.validate import (
     INVALID_STRING,
     Identity,
@@ -120,12 +120,16 @@ GPU_VALUE = {
     name: (
         finite
         if kind == 0
+        else st.booleans()
+        if kind == 2
         else st.integers(0, 2**63 - 1)
         if name != "sm_clock_mhz" and name != "mem_clock_mhz"
         else st.integers(0, 2**32 - 1)
     )
     for name, kind, _ in GPU_SPECS
 }
+HEALTH_TEXT = {common_pb2.GPU_HEALTH_HEALTHY: "healthy", common_pb2.GPU_HEALTH_DEGRADED: "degraded"}
+HEALTH_TEXT[common_pb2.GPU_HEALTH_FAILED] = "failed"
 
 
 @st.composite
@@ -133,9 +137,17 @@ def gpu_samples(draw: st.DrawFn) -> telemetry_pb2.GpuSample:
     sample = telemetry_pb2.GpuSample(
         time_unix_ns=NOW_NS - draw(st.integers(0, 10**12)), gpu_index=draw(st.integers(0, 3))
     )
+    # the health fields (read once per health interval) in about one sample of four
+    health = draw(st.integers(0, 3)) == 0
     for name, strategy in GPU_VALUE.items():
+        if name in GPU_HEALTH_FIELDS and not health:
+            continue
         if draw(st.booleans()):
             setattr(sample, name, draw(st.one_of(strategy, st.just(0))))
+    if health and draw(st.booleans()):
+        sample.health = draw(st.sampled_from([0, 1, 2, 3]))  # type: ignore[assignment]
+    if health and draw(st.booleans()):
+        sample.health_reason = draw(st.sampled_from(["", "XID 79", 'remap "pending"\n']))
     return sample
 
 
@@ -145,13 +157,26 @@ def test_fast_gpu_path_equals_the_exact_reference_encoder(samples: list[telemetr
     refs = [telemetry_pb2.GpuRef(index=i, uuid=f"GPU-{i}", name="L4 x") for i in range(4)]
     batch = telemetry_pb2.SampleBatch(agent_id="a1", seq=1, gpus=refs, gpu_samples=samples)
     got = StreamEncoder(IDENTITY, Limits()).encode(batch, NOW_NS)
-    expected = []
+    # given the StreamRequest it came in, the encoder finds the health samples from it: same text
+    request = telemetry_pb2.StreamRequest(batch=batch).SerializeToString()
+    assert StreamEncoder(IDENTITY, Limits()).encode(batch, NOW_NS, request).lines == got.lines
+    expected: list[str] = []
+    carrying: list[str] = []  # the lines of samples with health fields: written after the others
     for sample in samples:
-        fields = {name: getattr(sample, name) for name, _, _ in GPU_SPECS if sample.HasField(name)}
+        fields: dict[str, object] = {name: getattr(sample, name) for name, _, _ in GPU_SPECS if sample.HasField(name)}
+        if sample.health in HEALTH_TEXT:
+            fields["health"] = HEALTH_TEXT[sample.health]
+        if sample.health_reason:
+            fields["health_reason"] = sample.health_reason.replace("\n", " ")
         if fields:
             tags = dict(IDENTITY.tags(), gpu=str(sample.gpu_index), uuid=f"GPU-{sample.gpu_index}", model="L4 x")
-            expected.append(encode_line("gpu", tags, fields, sample.time_unix_ns))
-    assert got.lines.decode() == "".join(expected)
+            line = encode_line("gpu", tags, fields, sample.time_unix_ns)  # type: ignore[arg-type]
+            has_health = sample.health_reason or any(
+                sample.HasField(name) for name in GPU_HEALTH_FIELDS if name != "health_reason"
+            )
+            (carrying if has_health else expected).append(line)
+    # (line order carries no meaning)
+    assert got.lines.decode() == "".join(expected + carrying)
 
 
 # --- no input injects a second point ----------------------------------------------------------------
@@ -189,6 +214,38 @@ def test_no_string_from_an_agent_injects_a_second_point(
     # what was refused says why
     if (tag_value_problem(model, 256) or tag_value_problem(uuid, 256)) and model and uuid:
         assert INVALID_STRING in encoded.problems.by_reason
+
+
+HEALTH_LINE = re.compile(r"^(gpu|gpu_event|gpu_process|gpu_nvlink|gpu_mig),[^\n]* [^\n]+ \d+$")
+
+
+@settings(max_examples=200, deadline=None)
+@given(command=any_text, cgroup=any_text, text=any_text, reason=any_text, mig_uuid=any_text, mig_name=any_text)
+def test_no_string_of_the_health_measurements_injects_a_second_point(
+    command: str, cgroup: str, text: str, reason: str, mig_uuid: str, mig_name: str
+) -> None:
+    batch = one_gpu_batch(
+        telemetry_pb2.GpuSample(time_unix_ns=NOW_NS, gpu_index=0, temp_c=40.0),
+        telemetry_pb2.GpuSample(
+            time_unix_ns=NOW_NS + 1, gpu_index=0, health=common_pb2.GPU_HEALTH_DEGRADED, health_reason=reason
+        ),
+    )
+    batch.gpu_events.add(time_unix_ns=NOW_NS, gpu_index=0, kind=telemetry_pb2.GPU_EVENT_KIND_XID, data=79, text=text)
+    batch.process_samples.add(time_unix_ns=NOW_NS, gpu_index=0, pid=7, command=command, cgroup=cgroup)
+    batch.mig_samples.add(
+        time_unix_ns=NOW_NS, gpu_index=0, gpu_instance_id=1, mig_uuid=mig_uuid, name=mig_name, mem_total_bytes=1
+    )
+    batch.nvlink_samples.add(time_unix_ns=NOW_NS, gpu_index=0, link=0, replay_errors=1)
+    encoded = StreamEncoder(IDENTITY, Limits()).encode(batch, NOW_NS)
+    lines = encoded.lines.decode().split("\n")
+    assert lines[-1] == ""
+    # gpu (2), gpu_event, gpu_process, gpu_nvlink always; gpu_mig unless its uuid cannot be a tag
+    mig_refused = bool(mig_uuid) and tag_value_problem(mig_uuid, 256) is not None
+    assert len(lines) - 1 == encoded.line_count == 6 - mig_refused
+    assert encoded.sample_count == 6
+    for line in lines[:-1]:
+        assert HEALTH_LINE.match(line), line
+    assert (INVALID_STRING in encoded.problems.by_reason) == mig_refused
 
 
 # --- through the real InfluxDB ------------------------------------------------------------------------
