@@ -10,7 +10,13 @@ from typing import Any
 from gpuprobe.config import Command, Option, parse_duration
 from gpuprobe.sim import state
 from gpuprobe.sim.build import SimBuildError
-from gpuprobe.sim.profiles import PROFILES, UnknownProfileError, parse_profile_list, with_overrides
+from gpuprobe.sim.profiles import (
+    PROFILES,
+    WORKLOAD_IDS,
+    UnknownProfileError,
+    parse_profile_list,
+    with_overrides,
+)
 from gpuprobe.sim.runner import open_machine, run_command, temporary_machine
 
 DEFAULT_PROFILE = "H100-SXM5-80GB"
@@ -124,22 +130,78 @@ def _load(values: dict[str, Any], args: argparse.Namespace) -> int:
             free_bytes = profile.memory_total_bytes - profile.memory_reserved_bytes
             if not 0 <= values["mem_used_bytes"] <= free_bytes:
                 raise state.SimStateError(f"--mem-used-bytes must be between 0 and {free_bytes} on GPU {i}")
+        workload: str | None = values["workload"]
+        state.workload_id(workload)  # an unknown name is a usage error before anything is written
         for i in indices:
-            t_ns = state.set_load(state_dir, i, values["util"], values["pid"], values["mem_used_bytes"])
+            t_ns = state.set_load(state_dir, i, values["util"], values["pid"], values["mem_used_bytes"], workload)
         effective_ns = config.next_tick_ns(t_ns)
-        print(f"utilization {values['util']:g} % on GPU {values['gpu']} from {effective_ns} (unix ns)")
+        running = f" ({workload})" if workload else ""
+        print(f"utilization {values['util']:g} %{running} on GPU {values['gpu']} from {effective_ns} (unix ns)")
         return 0
     except state.SimStateError as e:
         return _error(str(e))
+
+
+_INJECTIONS = ("xid", "ecc_dbe", "ecc_sbe", "remap_pending", "remap_failure", "nvlink_errors")
+
+
+def _check_injection(values: dict[str, Any], gpu: state.SimGpu) -> None:
+    """Raises SimStateError when an injection cannot happen on this GPU (its profile lacks the feature)."""
+    p = gpu.profile
+    if (values["ecc_dbe"] or values["ecc_sbe"]) and not p.ecc_supported:
+        raise state.SimStateError(f"GPU {gpu.index} ({p.name}) has no ECC: --ecc-dbe/--ecc-sbe need an ECC part")
+    if (values["remap_pending"] or values["remap_failure"]) and not (p.ecc_supported and p.row_remapping):
+        raise state.SimStateError(
+            f"GPU {gpu.index} ({p.name}) does not remap rows: --remap-pending/--remap-failure need row_remapping"
+        )
+    if values["nvlink_errors"] is not None:
+        link = values["link"] or 0
+        if p.nvlink_links == 0:
+            raise state.SimStateError(f"GPU {gpu.index} ({p.name}) has no NVLink")
+        if not 0 <= link < p.nvlink_links:
+            raise state.SimStateError(
+                f"--link {link} is beyond GPU {gpu.index}'s NVLink links (0-{p.nvlink_links - 1} on {p.name})"
+            )
 
 
 def _fail(values: dict[str, Any], args: argparse.Namespace) -> int:
     try:
         state_dir = _state_dir(values)
         config = state.load(state_dir)
-        for i in _gpu_indices(values["gpu"], config):
-            state.set_failed(state_dir, i, not values["recover"])
-        print(f"GPU {values['gpu']} {'recovered' if values['recover'] else 'lost (GPU_IS_LOST)'}")
+        indices = _gpu_indices(values["gpu"], config)
+        injecting = [name for name in _INJECTIONS if values[name] not in (None, False)]
+        if values["recover"] and injecting:
+            return _error("--recover cannot be combined with an injection (" + ", ".join(injecting) + ")")
+        if values["link"] is not None and values["nvlink_errors"] is None:
+            return _error("--link applies to --nvlink-errors only")
+        if values["xid"] is not None and values["xid"] <= 0:
+            return _error(f"--xid takes a positive XID code, not {values['xid']}")
+        if values["nvlink_errors"] is not None and values["nvlink_errors"] <= 0:
+            return _error(f"--nvlink-errors takes a positive count, not {values['nvlink_errors']}")
+        if not injecting:
+            for i in indices:
+                state.set_failed(state_dir, i, not values["recover"])
+            print(f"GPU {values['gpu']} {'recovered (reset)' if values['recover'] else 'lost (GPU_IS_LOST)'}")
+            return 0
+        for i in indices:  # all checked before anything is written
+            _check_injection(values, config.gpus[i])
+        done: list[str] = []
+        for i in indices:
+            if values["ecc_sbe"]:
+                state.inject_ecc(state_dir, i, double_bit=False)
+            if values["ecc_dbe"]:
+                state.inject_ecc(state_dir, i, double_bit=True)
+            if values["remap_pending"]:
+                state.inject_remap(state_dir, i, failure=False)
+            if values["remap_failure"]:
+                state.inject_remap(state_dir, i, failure=True)
+            if values["nvlink_errors"] is not None:
+                state.inject_nvlink_errors(state_dir, i, values["link"] or 0, values["nvlink_errors"])
+            if values["xid"] is not None:
+                t_ns = state.inject_xid(state_dir, i, values["xid"])
+                done = [f"effective {config.next_tick_ns(t_ns)} (unix ns)"]
+        lost = " (GPU_IS_LOST)" if values["xid"] == state.XID_FALLEN_OFF_BUS else ""
+        print(f"GPU {values['gpu']}: injected {', '.join(injecting)}{lost}" + (f"; {done[0]}" if done else ""))
         return 0
     except state.SimStateError as e:
         return _error(str(e))
@@ -206,16 +268,52 @@ COMMANDS = [
             Option("util", "utilization in percent, 0-100", float, default=100.0, metavar="PCT"),
             Option("pid", "process listed as holding the GPU (0: none)", int, default=0),
             Option("mem_used_bytes", "GPU memory that process holds", int, default=0, metavar="BYTES"),
+            Option(
+                "workload",
+                "workload running, for the GPM activity mix ("
+                + ", ".join(n for n in WORKLOAD_IDS if n != "generic")
+                + "; default: generic)",
+                metavar="NAME",
+            ),
             STATE_DIR,
         ],
     ),
     Command(
         name="sim.fail",
-        help="make simulated GPUs fail (every NVML query answers GPU_IS_LOST) or recover",
+        help="inject GPU faults: lose a GPU (GPU_IS_LOST), XID, ECC, row-remap and NVLink errors; or reset",
+        description=(
+            "Without an injection option the GPUs are lost (every NVML query answers GPU_IS_LOST, as a GPU "
+            "fallen off the bus); --recover brings them back as a GPU reset does (volatile ECC counters and "
+            "pending flags cleared; aggregate counters, remapped rows and a remap failure persist). The "
+            "injection options add the errors named; each takes effect at the next update period and reaches "
+            "NVML event sets registered before it."
+        ),
         run=_fail,
         options=[
             Option("gpu", "GPU indices (0,1,...) or all", metavar="INDICES", default="0"),
-            Option("recover", "bring the GPUs back instead", is_flag=True, default=False),
+            Option(
+                "recover",
+                "bring the GPUs back with a GPU reset (clears lost, pending flags, volatile ECC counts)",
+                is_flag=True,
+                default=False,
+            ),
+            Option("xid", "deliver an XID error event with this code (79 also makes the GPU lost)", int, metavar="N"),
+            Option(
+                "ecc_dbe",
+                "a double-bit ECC error: event, XID 48, uncorrected counts +1, a remapped row (or retired page)",
+                is_flag=True,
+                default=False,
+            ),
+            Option("ecc_sbe", "a single-bit ECC error: event, corrected counts +1", is_flag=True, default=False),
+            Option("remap_pending", "set the row-remap pending flag (XID 63)", is_flag=True, default=False),
+            Option("remap_failure", "set the row-remap failure flag (XID 64)", is_flag=True, default=False),
+            Option(
+                "nvlink_errors",
+                "add N CRC flit errors and N replays on the NVLink --link (no XID: replays correct them)",
+                int,
+                metavar="N",
+            ),
+            Option("link", "the NVLink link for --nvlink-errors (default 0)", int, metavar="L"),
             STATE_DIR,
         ],
     ),

@@ -115,6 +115,22 @@ class GpuProfile:
     # virtualization, per GPU: the mode nvmlDeviceGetVirtualizationMode reports and what it costs
     virt: int = VIRT_NONE
     virt_overhead_pct: float | None = None  # None: derived from virt (DEFAULT_VIRT_OVERHEAD_PCT)
+    # health (docs/simulator.md, "Health"): NVLink links (0: none, NVLink calls answer NOT_SUPPORTED),
+    # whether uncorrectable ECC errors remap rows (Ampere and newer) or retire pages (older parts)
+    nvlink_links: int = 0
+    row_remapping: bool = False
+    # MIG: 0 off; N (1-7, MIG-capable datacenter parts only) splits the GPU into N 1g instances
+    mig_instances: int = 0
+
+    @property
+    def mig_capable(self) -> bool:
+        """A100, H100, H200: the datacenter parts of compute capability x.0 (as nvmlDeviceGetMigMode says)."""
+        return self.brand == BRAND_TESLA and self.architecture >= ARCH_AMPERE and self.cuda_cc_minor == 0
+
+    @property
+    def gpm_supported(self) -> bool:
+        """GPU performance monitoring (nvmlGpm*): Hopper and newer."""
+        return self.architecture >= ARCH_HOPPER
 
     @property
     def passive(self) -> bool:
@@ -148,6 +164,8 @@ PROFILES: dict[str, GpuProfile] = {
     for p in [
         GpuProfile(
             name="A100-SXM4-80GB",
+            nvlink_links=12,
+            row_remapping=True,
             nvml_name="NVIDIA A100-SXM4-80GB",
             architecture=ARCH_AMPERE,
             cuda_cc_major=8,
@@ -192,6 +210,8 @@ PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             name="H100-SXM5-80GB",
+            nvlink_links=18,
+            row_remapping=True,
             nvml_name="NVIDIA H100 80GB HBM3",
             architecture=ARCH_HOPPER,
             cuda_cc_major=9,
@@ -236,6 +256,8 @@ PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             name="H200-SXM-141GB",
+            nvlink_links=18,
+            row_remapping=True,
             nvml_name="NVIDIA H200",
             architecture=ARCH_HOPPER,
             cuda_cc_major=9,
@@ -280,6 +302,8 @@ PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             name="L4",
+            nvlink_links=0,
+            row_remapping=True,
             nvml_name="NVIDIA L4",
             architecture=ARCH_ADA,
             cuda_cc_major=8,
@@ -380,6 +404,33 @@ PROFILES: dict[str, GpuProfile] = {
 }
 
 
+MAX_MIG_INSTANCES = 7  # 1g instances on a 7-slice GPU (A100, H100, H200)
+
+# Simulated GPM activity per workload (docs/simulator.md, "GPM"): each metric as a fraction of the GPU's
+# utilization, in the C library's order (sm_util, sm_occupancy, any_tensor_util, dram_bw_util, fp16_util,
+# fp32_util, fp64_util). Chosen, representative: not measured. sm_util <= 1 keeps SM activity at or
+# below the utilization NVML reports (a kernel running on some SMs counts as utilization). Row 0 is a
+# load that names no workload. The row index is the workload's id in the events file: append only.
+GPM_METRICS: tuple[str, ...] = (
+    "sm_util",
+    "sm_occupancy",
+    "any_tensor_util",
+    "dram_bw_util",
+    "fp16_util",
+    "fp32_util",
+    "fp64_util",
+)
+WORKLOAD_ACTIVITY: dict[str, tuple[float, float, float, float, float, float, float]] = {
+    "generic": (0.85, 0.35, 0.30, 0.40, 0.05, 0.15, 0.0),
+    "idle": (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+    "resnet50": (0.90, 0.45, 0.35, 0.55, 0.10, 0.20, 0.0),
+    "bert-base": (0.92, 0.40, 0.55, 0.45, 0.08, 0.12, 0.0),
+    "gpt": (0.95, 0.40, 0.70, 0.50, 0.06, 0.10, 0.0),
+    "matmul-burn": (0.98, 0.30, 0.92, 0.20, 0.01, 0.03, 0.0),
+}
+WORKLOAD_IDS: dict[str, int] = {name: i for i, name in enumerate(WORKLOAD_ACTIVITY)}
+
+
 class UnknownProfileError(ConfigError):
     pass
 
@@ -469,7 +520,22 @@ def with_overrides(profile: GpuProfile, overrides: dict[str, str]) -> GpuProfile
     problem = thermal_problem(result)
     if problem:
         raise UnknownProfileError(f"bad thermal parameters for {profile.name}: {problem}")
+    problem = health_problem(result)
+    if problem:
+        raise UnknownProfileError(f"bad parameters for {profile.name}: {problem}")
     return result
+
+
+def health_problem(profile: GpuProfile) -> str | None:
+    """Why the NVLink, ECC or MIG parameters cannot describe this GPU, or None."""
+    p = profile
+    if not 0 <= p.nvlink_links <= 18:
+        return f"nvlink_links ({p.nvlink_links}) must be between 0 and 18"
+    if not 0 <= p.mig_instances <= MAX_MIG_INSTANCES:
+        return f"mig_instances ({p.mig_instances}) must be between 0 and {MAX_MIG_INSTANCES}"
+    if p.mig_instances and not p.mig_capable:
+        return f"{p.name} does not support MIG (A100, H100 and H200 do)"
+    return None
 
 
 def thermal_problem(profile: GpuProfile) -> str | None:

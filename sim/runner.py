@@ -42,8 +42,10 @@ class SimMachine:
     def config(self) -> state.SimSettings:
         return state.load(self.state_dir)
 
-    def set_load(self, gpu_index: int, util_pct: float, pid: int = 0, mem_used_bytes: int = 0) -> int:
-        return state.set_load(self.state_dir, gpu_index, util_pct, pid, mem_used_bytes)
+    def set_load(
+        self, gpu_index: int, util_pct: float, pid: int = 0, mem_used_bytes: int = 0, workload: str | None = None
+    ) -> int:
+        return state.set_load(self.state_dir, gpu_index, util_pct, pid, mem_used_bytes, workload)
 
 
 def _install_stub(state_dir: Path) -> Path:

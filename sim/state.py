@@ -4,12 +4,17 @@ Layout (all text, so a person can read it)::
 
     sim.conf        key value lines, written once by ``create``: start_ns, period_ns, the driver
                     version, the uids the simulated driver treats as privileged (``admin_uids``:
-                    only they may set power limits), and every parameter of every GPU as
-                    ``gpu.<index>.<key> <value>``
-    gpu<N>.events   append-only input history of GPU N, one line per event:
-                    ``<unix_ns> <kind> <value> <pid> <mem_bytes>``
-                    kind U = utilization in %, L = power limit in mW, F = 1 fails the GPU
-                    (GPU_IS_LOST), 0 brings it back
+                    only they may set power limits), every parameter of every GPU as
+                    ``gpu.<index>.<key> <value>`` and the workload activity table as
+                    ``workload.<id> <name> <ratio per GPM metric>``
+    gpu<N>.events   append-only input history of GPU N, one line per event, always five fields:
+                    ``<unix_ns> <kind> <value> <arg> <arg2>``
+                    U = utilization in % (arg: the holding pid, arg2: its memory in bytes),
+                    L = power limit in mW, F = 1 fails the GPU (GPU_IS_LOST), 0 brings it back
+                    (a GPU reset), W = the workload id of the U line that follows (written with
+                    it), X = an XID error (value: the code), E = an ECC error (1 single-bit,
+                    2 double-bit), R = a row-remap flag (1 pending, 2 failure), N = NVLink
+                    errors (value: the count, arg: the link). Readers ignore kinds they do not know.
 
 Every process that loads the library computes the state of a GPU as a pure function of sim.conf,
 the events and the time, in fixed ticks of ``period_ns`` from ``start_ns``: so two processes reading
@@ -31,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpuprobe.errors import ServiceError
-from gpuprobe.sim.profiles import GpuProfile
+from gpuprobe.sim.profiles import WORKLOAD_ACTIVITY, WORKLOAD_IDS, GpuProfile
 
 STATE_DIR_ENV = "GPUPROBE_SIM_DIR"
 CONF_NAME = "sim.conf"
@@ -39,6 +44,12 @@ DEFAULT_PERIOD_S = 0.1
 DRIVER_VERSION = "570.133.20"
 CUDA_DRIVER_VERSION = 12080  # 12.8, as nvmlSystemGetCudaDriverVersion encodes it
 FORMAT_VERSION = 1
+# Event kinds (see the module docstring); the health kinds are injected by `gpuprobe sim fail`.
+EVENT_KINDS = ("U", "L", "F", "W", "X", "E", "R", "N")
+ECC_SINGLE_BIT = 1
+ECC_DOUBLE_BIT = 2
+REMAP_PENDING = 1
+REMAP_FAILURE = 2
 # The DVFS parameters that make the clock linear in the active power: the law of machines written
 # before the curve existed (sim/native/nvml_sim.c applies the same to a sim.conf without them).
 LEGACY_LINEAR_DVFS: dict[str, float] = {
@@ -57,6 +68,9 @@ LEGACY_FIRST_ORDER_THERMAL: dict[str, float] = {
     "slot_offset_c": 0.0,
     "fan_conductance_floor": 1.0,
 }
+# The health parameters a machine written before they existed lacks, at the values the C library reads
+# an absent key as: no NVLink, no MIG (row_remapping it derives from the architecture, as the profiles do).
+LEGACY_HEALTH: dict[str, int] = {"nvlink_links": 0, "mig_instances": 0}
 # Who may set power limits, like the driver: root. Tests that run unprivileged add their own uid.
 DEFAULT_ADMIN_UIDS: tuple[int, ...] = (0,)
 
@@ -153,6 +167,8 @@ def create(
         lines.append(f"gpu.{gpu.index}.pci_bus {gpu.pci_bus}")
         for key, value in asdict(gpu.profile).items():
             lines.append(f"gpu.{gpu.index}.{key} {_format_value(value)}")
+    for name, ratios in WORKLOAD_ACTIVITY.items():
+        lines.append(f"workload.{WORKLOAD_IDS[name]} {name} {' '.join(repr(r) for r in ratios)}")
     tmp = conf_path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     for gpu in gpus:
@@ -181,6 +197,9 @@ def load(state_dir: Path) -> SimSettings:
         params: dict[str, object] = {}
         for key, current in asdict(base).items():
             raw = values.get(f"gpu.{i}.{key}")
+            if raw is None and key in LEGACY_HEALTH:
+                params[key] = LEGACY_HEALTH[key]
+                continue
             if raw is None and key in LEGACY_FIRST_ORDER_THERMAL:
                 # as the C library reads an absent key: the first-order RC of the machine's time
                 params[key] = LEGACY_FIRST_ORDER_THERMAL[key]
@@ -216,8 +235,15 @@ def state_dir_from_env() -> Path | None:
 
 def append_event(state_dir: Path, gpu_index: int, kind: str, value: int, pid: int = 0, mem_bytes: int = 0) -> int:
     """Append one input event for a GPU; returns the event's timestamp (unix ns)."""
-    if kind not in ("U", "L", "F"):
-        raise SimStateError(f"unknown event kind {kind!r}")
+    return append_events(state_dir, gpu_index, [(kind, value, pid, mem_bytes)])
+
+
+def append_events(state_dir: Path, gpu_index: int, events: list[tuple[str, int, int, int]]) -> int:
+    """Append several events (kind, value, arg, arg2) for a GPU in one write under one lock, all with one
+    timestamp, so they take effect in the same tick in this order; returns the timestamp (unix ns)."""
+    for kind, *_ in events:
+        if kind not in EVENT_KINDS:
+            raise SimStateError(f"unknown event kind {kind!r}")
     path = state_dir / f"gpu{gpu_index}.events"
     if not path.exists():
         raise SimStateError(f"simulated GPU {gpu_index} does not exist in {state_dir}")
@@ -226,21 +252,56 @@ def append_event(state_dir: Path, gpu_index: int, kind: str, value: int, pid: in
         fcntl.flock(fd, fcntl.LOCK_EX)
         # the timestamp is taken under the lock: see the module docstring
         t_ns = time.time_ns()
-        os.write(fd, f"{t_ns} {kind} {int(value)} {int(pid)} {int(mem_bytes)}\n".encode())
+        text = "".join(f"{t_ns} {kind} {int(v)} {int(a)} {int(b)}\n" for kind, v, a, b in events)
+        os.write(fd, text.encode())
         return t_ns
     finally:
         os.close(fd)  # releases the lock
 
 
-def set_load(state_dir: Path, gpu_index: int, util_pct: float, pid: int = 0, mem_used_bytes: int = 0) -> int:
-    """Set a GPU's utilization (0-100 %) from now on; ``pid`` is listed as the process using it."""
+def workload_id(workload: str | None) -> int | None:
+    """The id a W event carries for ``workload`` (None: the load names none)."""
+    if workload is None:
+        return None
+    if workload not in WORKLOAD_IDS:
+        known = ", ".join(n for n in WORKLOAD_IDS if n != "generic")
+        raise SimStateError(f"unknown workload {workload!r}; known workloads: {known}")
+    return WORKLOAD_IDS[workload]
+
+
+def _load_events(
+    util_pct: float, pid: int, mem_used_bytes: int, workload: str | None
+) -> list[tuple[str, int, int, int]]:
+    wid = workload_id(workload)
+    load = ("U", round(util_pct), int(pid), int(mem_used_bytes))
+    # the W line goes first: the U line that follows takes its workload (older readers skip W)
+    return [("W", wid, int(pid), 0), load] if wid is not None else [load]
+
+
+def set_load(
+    state_dir: Path,
+    gpu_index: int,
+    util_pct: float,
+    pid: int = 0,
+    mem_used_bytes: int = 0,
+    workload: str | None = None,
+) -> int:
+    """Set a GPU's utilization (0-100 %) from now on; ``pid`` is listed as the process using it.
+
+    ``workload`` (a row of ``profiles.WORKLOAD_ACTIVITY``) sets the GPM activity mix; None: generic."""
     if not 0 <= util_pct <= 100:
         raise SimStateError(f"utilization must be between 0 and 100 %, not {util_pct}")
-    return append_event(state_dir, gpu_index, "U", round(util_pct), pid, mem_used_bytes)
+    return append_events(state_dir, gpu_index, _load_events(util_pct, pid, mem_used_bytes, workload))
 
 
 def set_load_if_holder(
-    state_dir: Path, gpu_index: int, holder_pid: int, util_pct: float, pid: int = 0, mem_used_bytes: int = 0
+    state_dir: Path,
+    gpu_index: int,
+    holder_pid: int,
+    util_pct: float,
+    pid: int = 0,
+    mem_used_bytes: int = 0,
+    workload: str | None = None,
 ) -> bool:
     """:func:`set_load`, but only while ``holder_pid`` is the process of the GPU's latest load event
     (checked and appended under one lock); False when another process has set a load since."""
@@ -254,16 +315,54 @@ def set_load_if_holder(
         current_pid = 0
         for line in f.read().splitlines():
             parts = line.split()
-            if len(parts) == 5 and parts[1] == b"U":
+            if len(parts) >= 5 and parts[1] == b"U":
                 current_pid = int(parts[3])
         if current_pid != holder_pid:
             return False
         t_ns = time.time_ns()
-        f.write(f"{t_ns} U {round(util_pct)} {int(pid)} {int(mem_used_bytes)}\n".encode())
+        events = _load_events(util_pct, pid, mem_used_bytes, workload)
+        f.write("".join(f"{t_ns} {k} {int(v)} {int(a)} {int(b)}\n" for k, v, a, b in events).encode())
         f.flush()
         return True
 
 
 def set_failed(state_dir: Path, gpu_index: int, failed: bool) -> int:
-    """Make a GPU answer GPU_IS_LOST to every query (as a GPU that fell off the bus), or bring it back."""
+    """Make a GPU answer GPU_IS_LOST to every query (as a GPU that fell off the bus), or bring it back.
+
+    Bringing it back is a GPU reset: volatile ECC counters restart and pending remaps/retirements are done."""
     return append_event(state_dir, gpu_index, "F", 1 if failed else 0)
+
+
+# XIDs the health injections raise, as the driver does (docs/simulator.md, "Health")
+XID_DBE = 48  # double-bit ECC error
+XID_REMAP_PENDING = 63  # row remapping: pending (ECC page retirement or row remap recording event)
+XID_REMAP_FAILURE = 64  # row remapping failure
+XID_FALLEN_OFF_BUS = 79  # the GPU has fallen off the bus
+
+
+def inject_xid(state_dir: Path, gpu_index: int, xid: int) -> int:
+    """An XID error event; XID 79 also makes the GPU lost right after it, in the same tick."""
+    if not 0 < xid < 1 << 31:
+        raise SimStateError(f"an XID is a positive number, not {xid}")
+    events: list[tuple[str, int, int, int]] = [("X", xid, 0, 0)]
+    if xid == XID_FALLEN_OFF_BUS:
+        events.append(("F", 1, 0, 0))
+    return append_events(state_dir, gpu_index, events)
+
+
+def inject_ecc(state_dir: Path, gpu_index: int, double_bit: bool) -> int:
+    """A single-bit (corrected) or double-bit (uncorrected, with XID 48) ECC error."""
+    if double_bit:
+        return append_events(state_dir, gpu_index, [("E", ECC_DOUBLE_BIT, 0, 0), ("X", XID_DBE, 0, 0)])
+    return append_event(state_dir, gpu_index, "E", ECC_SINGLE_BIT)
+
+
+def inject_remap(state_dir: Path, gpu_index: int, failure: bool) -> int:
+    """The row remapper's pending flag (XID 63) or its failure flag (XID 64)."""
+    flag, xid = (REMAP_FAILURE, XID_REMAP_FAILURE) if failure else (REMAP_PENDING, XID_REMAP_PENDING)
+    return append_events(state_dir, gpu_index, [("R", flag, 0, 0), ("X", xid, 0, 0)])
+
+
+def inject_nvlink_errors(state_dir: Path, gpu_index: int, link: int, count: int) -> int:
+    """``count`` CRC flit errors on ``link``, each replayed (the replay counter moves with it)."""
+    return append_event(state_dir, gpu_index, "N", count, link)

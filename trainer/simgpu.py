@@ -6,10 +6,10 @@ real batch) and, in parallel, plays the simulated GPU:
 
 - :class:`SimGpuLoad` tells the simulator what the GPU would be doing: the utilization the
   simulator's performance model gives for the workload and batch size, the trainer's pid as the
-  process holding the GPU and a plausible memory figure. The simulated power, clocks and
-  temperatures then follow the phases as a real GPU's would. :meth:`SimGpuLoad.release` sets the GPU
-  back to 0 % with no process on every way out (end, error, SIGTERM), unless another trainer has
-  taken the GPU over since (the next workload of a study).
+  process holding the GPU, a plausible memory figure and the workload's name (its GPM activity
+  mix). The simulated power, clocks and temperatures then follow the phases as a real GPU's would.
+  :meth:`SimGpuLoad.release` sets the GPU back to 0 % with no process on every way out (end, error,
+  SIGTERM), unless another trainer has taken the GPU over since (the next workload of a study).
 - :class:`SimThroughput` is the simulated device's speed: samples/s from the performance model
   (``gpuprobe.sim.perf``) at the SM clock the simulated GPU reports through NVML *now*, so a lower
   power limit or a thermal slowdown slows the simulated training exactly as the clock says. The
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuprobe.sim import state as sim_state
+from gpuprobe.sim.profiles import WORKLOAD_IDS
 from gpuprobe.trainer.catalog import WORKLOADS
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,9 @@ class SimGpuLoad:
 
     def _set(self, util_pct: float, mem_bytes: int, pid: int) -> None:
         mem = max(0, min(mem_bytes, self._max_bytes))
-        sim_state.set_load(self.state_dir, self.gpu_index, util_pct, pid, mem)
+        # the workload's name sets the simulated GPM activity mix (tensor, DRAM, SM occupancy)
+        workload = self.workload.name if self.workload.name in WORKLOAD_IDS else None
+        sim_state.set_load(self.state_dir, self.gpu_index, util_pct, pid, mem, workload=workload)
         log.debug("simulated GPU %d: %.0f %% utilization, %d bytes, pid %d", self.gpu_index, util_pct, mem, pid)
 
     def phase(self, phase: str, mem_bytes: int, steady_util_pct: float | None = None) -> None:

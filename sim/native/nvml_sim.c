@@ -58,6 +58,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
@@ -87,6 +88,21 @@ typedef struct {
     unsigned power_mw, util, mem_util, sm_mhz, mem_mhz;
 } sim_hist;
 
+/* GPM metrics the simulator computes (ids as nvml.h's NVML_GPM_METRIC_*), in this order */
+enum { GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_ANY_TENSOR, GPM_DRAM_BW, GPM_FP16, GPM_FP32, GPM_FP64, GPM_N };
+static const unsigned GPM_IDS[GPM_N] = {2, 3, 5, 10, 13, 12, 11};
+static const char *const GPM_SHORT[GPM_N] = {"sm_util", "sm_occupancy", "any_tensor_util", "dram_bw_util",
+                                             "fp16_util", "fp32_util", "fp64_util"};
+#define MAX_WORKLOADS 32
+/* sim.conf's workload table (gpuprobe.sim.profiles.WORKLOAD_ACTIVITY): per workload, each GPM metric as a
+ * fraction of the GPU's utilization. Row 0 is the generic row of a load that names no workload. */
+static double g_workload_ratio[MAX_WORKLOADS][GPM_N];
+static unsigned g_workload_count;
+
+#define MAX_NVLINKS 18
+#define CLOCK_RING 64 /* clock-change ticks kept for event sets */
+#define MAX_MIG 7
+
 typedef struct sim_gpu {
     unsigned index;
     /* parameters (sim.conf) */
@@ -109,6 +125,8 @@ typedef struct sim_gpu {
     unsigned pcie_gen, pcie_width;
     int ecc_supported;
     int virt; /* nvmlGpuVirtualizationMode_t */
+    unsigned nvlink_links, mig_instances;
+    int row_remapping; /* -1: absent from sim.conf (older gpuprobe), derived from the architecture */
     /* event history */
     char events_path[4096];
     off_t events_read;
@@ -121,6 +139,12 @@ typedef struct sim_gpu {
     double limit_w;
     long long holder_pid, holder_mem_bytes;
     int failed;
+    unsigned workload, next_workload; /* rows of the workload table: in force, named by the last W event */
+    /* health state (events E, R, N; F 0 is a GPU reset): docs/simulator.md, "Health" */
+    unsigned long long ecc_corr_vol, ecc_corr_agg, ecc_unc_vol, ecc_unc_agg;
+    unsigned remap_corr_rows, remap_unc_rows, retired_dbe_pages;
+    int remap_pending, remap_failure, retire_pending;
+    unsigned long long nvlink_crc_flit[MAX_NVLINKS], nvlink_replay[MAX_NVLINKS];
     /* state at the start of tick k */
     int64_t k;
     double temp_c, mem_temp_c, energy_j, pcie_tx_bytes, pcie_rx_bytes;
@@ -134,6 +158,13 @@ typedef struct sim_gpu {
     unsigned long long reasons;
     sim_hist hist[HISTORY];
     unsigned n_hist;
+    /* integrals up to t_k: throttled time (ns) and GPM activity (% x s); rates during tick k */
+    unsigned long long viol_power_ns, viol_thermal_ns;
+    double gpm_acc[GPM_N], gpm_rate[GPM_N];
+    double nvlink_kib_per_link; /* data each link has carried per direction up to t_k, KiB */
+    /* ticks whose SM clock differs from the tick before: the ClockChange events */
+    int64_t clock_ring_t_ns[CLOCK_RING];
+    unsigned long long clock_changes; /* how many so far; entry i lives at i % CLOCK_RING */
 } sim_gpu;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -186,6 +217,7 @@ static void set_param(sim_gpu *g, const char *key, const char *v) {
     DBL(uncore_power_share, "uncore_power_share") DBL(voltage_floor, "voltage_floor")
     DBL(voltage_knee, "voltage_knee") DBL(voltage_exponent, "voltage_exponent")
     INT(virt, "virt")
+    UINT(nvlink_links, "nvlink_links") UINT(mig_instances, "mig_instances") INT(row_remapping, "row_remapping")
     /* unknown keys (the profile's own name, ...) are ignored */
 #undef STR
 #undef UINT
@@ -299,6 +331,17 @@ static void reset_state(sim_gpu *g) {
     g->energy_j = 0.0;
     g->pcie_tx_bytes = g->pcie_rx_bytes = 0.0;
     g->n_hist = 0;
+    g->workload = g->next_workload = 0;
+    g->ecc_corr_vol = g->ecc_corr_agg = g->ecc_unc_vol = g->ecc_unc_agg = 0;
+    g->remap_corr_rows = g->remap_unc_rows = g->retired_dbe_pages = 0;
+    g->remap_pending = g->remap_failure = g->retire_pending = 0;
+    memset(g->nvlink_crc_flit, 0, sizeof g->nvlink_crc_flit);
+    memset(g->nvlink_replay, 0, sizeof g->nvlink_replay);
+    g->viol_power_ns = g->viol_thermal_ns = 0;
+    memset(g->gpm_acc, 0, sizeof g->gpm_acc);
+    memset(g->gpm_rate, 0, sizeof g->gpm_rate);
+    g->nvlink_kib_per_link = 0.0;
+    g->clock_changes = 0;
 }
 
 static int load_config(void) {
@@ -315,6 +358,9 @@ static int load_config(void) {
     memset(g_gpus, 0, sizeof g_gpus);
     /* a sim.conf from before the fan mattered has no floor: the fan leaves the heatsink as it is */
     for (unsigned i = 0; i < MAX_GPUS; i++) g_gpus[i].fan_floor = 1.0;
+    for (unsigned i = 0; i < MAX_GPUS; i++) g_gpus[i].row_remapping = -1;
+    memset(g_workload_ratio, 0, sizeof g_workload_ratio);
+    g_workload_count = 0;
     g_admin_uids[0] = 0; /* root, unless sim.conf says who */
     g_admin_count = 1;
     g_start_ns = g_period_ns = 0;
@@ -335,6 +381,14 @@ static int load_config(void) {
         else if (!strcmp(key, "gpu_count")) count = (unsigned)strtoul(val, NULL, 10);
         else if (!strcmp(key, "driver_version")) snprintf(g_driver_version, sizeof g_driver_version, "%s", val);
         else if (!strcmp(key, "cuda_driver_version")) g_cuda_driver_version = atoi(val);
+        else if (sscanf(key, "workload.%u", &idx) == 1 && idx < MAX_WORKLOADS) {
+            /* workload.<id> <name> <ratio per GPM metric, in GPM_* order> */
+            double *r = g_workload_ratio[idx];
+            char wname[64];
+            if (sscanf(val, "%63s %lf %lf %lf %lf %lf %lf %lf", wname, &r[0], &r[1], &r[2], &r[3], &r[4], &r[5],
+                       &r[6]) == 1 + GPM_N && idx >= g_workload_count)
+                g_workload_count = idx + 1;
+        }
         else if (!strcmp(key, "admin_uids")) {
             g_admin_count = 0;
             for (char *p = (char *)val, *end; *p && g_admin_count < MAX_ADMIN_UIDS; p = *end ? end + 1 : end) {
@@ -355,6 +409,9 @@ static int load_config(void) {
             g->voltage_knee = 0.0;
             g->voltage_exponent = 1.0;
         }
+        if (g->row_remapping < 0) g->row_remapping = g->architecture >= 7 && g->ecc_supported;
+        if (g->nvlink_links > MAX_NVLINKS) g->nvlink_links = MAX_NVLINKS;
+        if (g->mig_instances > MAX_MIG) g->mig_instances = MAX_MIG;
         g->index = i;
         snprintf(g->events_path, sizeof g->events_path, "%s/gpu%u.events", dir, i);
         reset_state(g);
@@ -423,7 +480,42 @@ static void apply_events_until(sim_gpu *g, int64_t t_ns) {
             g->holder_mem_bytes = e->mem_bytes;
             break;
         case 'L': g->limit_w = e->value / 1000.0; break;
-        case 'F': g->failed = e->value != 0; break;
+        case 'F':
+            g->failed = e->value != 0;
+            if (!g->failed) {
+                /* brought back = a GPU reset: volatile counters restart, pending remaps and retirements are
+                 * carried out; aggregate counts, remapped rows, retired pages and a remap failure persist */
+                g->ecc_corr_vol = g->ecc_unc_vol = 0;
+                g->remap_pending = g->retire_pending = 0;
+            }
+            break;
+        case 'W': g->next_workload = e->value >= 0 && e->value < MAX_WORKLOADS ? (unsigned)e->value : 0; break;
+        case 'E':
+            if (e->value == 1) { g->ecc_corr_vol++; g->ecc_corr_agg++; }
+            else if (e->value == 2) {
+                g->ecc_unc_vol++;
+                g->ecc_unc_agg++;
+                /* Ampere and newer remap the row; older parts retire the page, pending until a reset */
+                if (g->row_remapping) g->remap_unc_rows++;
+                else { g->retired_dbe_pages++; g->retire_pending = 1; }
+            }
+            break;
+        case 'R':
+            if (e->value == 1) g->remap_pending = 1;
+            else if (e->value == 2) g->remap_failure = 1;
+            break;
+        case 'N':
+            /* value errors on link `pid`: each CRC-failed flit is replayed, so both counters move together */
+            if (e->pid >= 0 && e->pid < MAX_NVLINKS && e->value > 0) {
+                g->nvlink_crc_flit[e->pid] += (unsigned long long)e->value;
+                g->nvlink_replay[e->pid] += (unsigned long long)e->value;
+            }
+            break;
+        }
+        if (e->kind == 'U') {
+            /* a load names its workload in a W line just before it; one that does not is generic (row 0) */
+            g->workload = g->next_workload < g_workload_count ? g->next_workload : 0;
+            g->next_workload = 0;
         }
     }
 }
@@ -451,11 +543,20 @@ static void begin_tick(sim_gpu *g, int64_t k) {
         /* the clock at which the DVFS curve draws exactly the power drawn */
         if (capped || g->slowed) clock_fraction = sm_clock_fraction(g, (g->power_w - g->idle_w) / (demand - g->idle_w));
     }
+    unsigned prev_mhz = g->sm_mhz;
     if (g->util == 0) {
         g->sm_mhz = g->sm_clock_idle_mhz;
     } else {
         double mhz = g->sm_clock_max_mhz * clock_fraction;
         g->sm_mhz = mhz < g->sm_clock_idle_mhz ? g->sm_clock_idle_mhz : (unsigned)(mhz + 0.5);
+    }
+    if (k > 0 && g->sm_mhz != prev_mhz) g->clock_ring_t_ns[g->clock_changes++ % CLOCK_RING] = t_k;
+    for (int m = 0; m < GPM_N; m++) {
+        /* the workload's activity as a fraction of the utilization; no table (older sim.conf): SMs busy
+         * while utilized, nothing else */
+        double ratio = g_workload_count ? g_workload_ratio[g->workload][m] : (m == GPM_SM_UTIL ? 1.0 : 0.0);
+        double v = g->util * ratio;
+        g->gpm_rate[m] = v > 100.0 ? 100.0 : v;
     }
     sim_hist *h = &g->hist[k % HISTORY];
     h->t_us = t_k / 1000;
@@ -466,6 +567,16 @@ static void begin_tick(sim_gpu *g, int64_t k) {
     h->mem_mhz = g->mem_clock_mhz;
     if (g->n_hist < HISTORY) g->n_hist++;
     g->k = k;
+}
+
+/* NVLink data per link and direction during tick k (KiB/s): a data-parallel job's gradient all-reduce
+ * keeps the links busy in proportion to its DRAM traffic. Simulated: NVLINK_BYTES_PER_S_PER_LINK (25 GB/s per
+ * direction, NVLink 3 and 4) times NVLINK_BUSY_AT_FULL_DRAM at 100 % DRAM bandwidth utilization. */
+#define NVLINK_BYTES_PER_S_PER_LINK 25.0e9
+#define NVLINK_BUSY_AT_FULL_DRAM 0.5
+static double nvlink_rate_kib_per_s(const sim_gpu *g) {
+    if (!g->nvlink_links) return 0.0;
+    return NVLINK_BYTES_PER_S_PER_LINK * NVLINK_BUSY_AT_FULL_DRAM * g->gpm_rate[GPM_DRAM_BW] / 100.0 / 1024.0;
 }
 
 /* State at the start of tick k + 1 from tick k's inputs; p_node is every GPU's power during tick k. */
@@ -489,6 +600,10 @@ static void end_tick(sim_gpu *g, double p_node) {
     double pcie = g->pcie_bytes_per_s_full * g->util / 100.0 * dt;
     g->pcie_tx_bytes += pcie * 0.25;
     g->pcie_rx_bytes += pcie;
+    if (g->reasons & REASON_SW_POWER_CAP) g->viol_power_ns += (unsigned long long)g_period_ns;
+    if (g->reasons & REASON_HW_THERMAL) g->viol_thermal_ns += (unsigned long long)g_period_ns;
+    for (int m = 0; m < GPM_N; m++) g->gpm_acc[m] += g->gpm_rate[m] * dt;
+    g->nvlink_kib_per_link += nvlink_rate_kib_per_s(g) * dt;
 }
 
 /* Brings every GPU of the machine to the tick that contains the present moment: the inlet air couples
@@ -544,6 +659,33 @@ static int check_device(nvmlDevice_t d) {
     return NVML_SUCCESS;
 }
 
+/* MIG (docs/simulator.md, "MIG"): a GPU with mig_instances N > 0 is in MIG mode, split into N 1g
+ * GPU instances (one compute instance each) whose handles are these. */
+typedef struct { sim_gpu *parent; unsigned index; } sim_mig;
+static sim_mig g_mig[MAX_GPUS][MAX_MIG];
+static const unsigned MIG_GI_IDS[MAX_MIG] = {7, 8, 9, 11, 12, 13, 14}; /* 1g placements on a 7-slice GPU */
+
+static sim_mig *mig_of(const void *dev) {
+    const sim_mig *first = &g_mig[0][0], *end = first + MAX_GPUS * MAX_MIG;
+    const sim_mig *m = dev;
+    if (m < first || m >= end) return NULL;
+    sim_mig *found = (sim_mig *)m;
+    return found->parent ? found : NULL;
+}
+static unsigned long long mig_memory_bytes(const sim_gpu *g) {
+    return g->memory_total_bytes / 8 / (256ULL << 20) * (256ULL << 20); /* one eighth, in 256 MiB blocks */
+}
+static void mig_name(const sim_mig *m, char *out, size_t len) {
+    double gib = (double)m->parent->memory_total_bytes / 8.0 / (1024.0 * 1024.0 * 1024.0);
+    snprintf(out, len, "%s MIG 1g.%.0fgb", m->parent->name, gib);
+}
+static void mig_uuid(const sim_mig *m, char *out, size_t len) {
+    const char *u = m->parent->uuid;
+    size_t n = strlen(u);
+    /* the parent's UUID with its last two hex digits replaced by the GPU instance id */
+    snprintf(out, len, "MIG-%.*s%02x", (int)(n > 6 ? n - 6 : 0), u + 4, MIG_GI_IDS[m->index]);
+}
+
 /* Opens a device call: locks, validates, refreshes; every path out goes through DONE. */
 #define BEGIN(dev)                                      \
     pthread_mutex_lock(&g_lock);                        \
@@ -553,6 +695,12 @@ static int check_device(nvmlDevice_t d) {
 #define FAIL(code) do { rc_ = (code); goto done_; } while (0)
 #define DONE done_: pthread_mutex_unlock(&g_lock); return rc_;
 #define NEED(ptr) if (!(ptr)) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+/* A MIG call on a MIG handle: locks, checks the parent GPU; the body runs with m set. */
+#define BEGIN_MIG(dev)                                  \
+    sim_mig *m = mig_of(dev);                           \
+    pthread_mutex_lock(&g_lock);                        \
+    nvmlReturn_t rc_ = check_device(m->parent);         \
+    if (rc_ != NVML_SUCCESS) goto done_;
 
 static unsigned temp_reading(double t) { return t <= 0 ? 0 : (unsigned)(t + 0.5); }
 
@@ -613,6 +761,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded (gpuprobe simulator: GPUPROBE_SIM_DIR not set or has no sim.conf)";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
@@ -711,10 +860,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index) {
 EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minor) {
     BEGIN(dev) NEED(minor) *minor = g->index; DONE
 }
+static nvmlReturn_t mig_name_call(nvmlDevice_t dev, char *name, unsigned int length) {
+    char buf[NAME_LEN + 32];
+    BEGIN_MIG(dev) mig_name(m, buf, sizeof buf); rc_ = copy_str(name, length, buf); DONE
+}
+static nvmlReturn_t mig_uuid_call(nvmlDevice_t dev, char *uuid, unsigned int length) {
+    char buf[NAME_LEN + 8];
+    BEGIN_MIG(dev) mig_uuid(m, buf, sizeof buf); rc_ = copy_str(uuid, length, buf); DONE
+}
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length) {
+    if (mig_of(dev)) return mig_name_call(dev, name, length);
     BEGIN(dev) rc_ = copy_str(name, length, g->name); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length) {
+    if (mig_of(dev)) return mig_uuid_call(dev, uuid, length);
     BEGIN(dev) rc_ = copy_str(uuid, length, g->uuid); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t dev, char *serial, unsigned int length) {
@@ -767,12 +926,45 @@ EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t dev, int *v) { BEGIN(d
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
 EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t dev, int *v) { BEGIN(dev) NEED(v) *v = g->virt; DONE }
 EXPORT nvmlReturn_t nvmlDeviceGetMultiGpuBoard(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
-EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *v) { BEGIN(dev) NEED(v) *v = 0; DONE }
+static nvmlReturn_t mig_is_mig(nvmlDevice_t dev, unsigned int *v) { BEGIN_MIG(dev) NEED(v) *v = 1; DONE }
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *v) {
+    if (mig_of(dev)) return mig_is_mig(dev, v);
+    BEGIN(dev) NEED(v) *v = 0; DONE
+}
+static int mig_capable(const sim_gpu *g) { return g->brand == 2 && g->architecture >= 7 && g->cc_minor == 0; }
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *cur, unsigned int *pending) {
     BEGIN(dev) NEED(cur) NEED(pending)
-    if (g->brand != 2 || g->architecture < 7 || g->cc_minor != 0) FAIL(NVML_ERROR_NOT_SUPPORTED);
-    *cur = *pending = 0;
+    if (!mig_capable(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    *cur = *pending = g->mig_instances ? 1 : 0;
     DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *count) {
+    BEGIN(dev) NEED(count) *count = mig_capable(g) ? MAX_MIG : 0; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int index, nvmlDevice_t *mig) {
+    BEGIN(dev) NEED(mig)
+    if (!mig_capable(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    if (!g->mig_instances) FAIL(NVML_ERROR_INVALID_ARGUMENT); /* MIG mode is off */
+    if (index >= g->mig_instances) FAIL(NVML_ERROR_NOT_FOUND);
+    sim_mig *m = &g_mig[g->index][index];
+    m->parent = g;
+    m->index = index;
+    *mig = (nvmlDevice_t)(void *)m;
+    DONE
+}
+/* The calls below take a MIG handle only: a GPU's own handle is an invalid argument (after the usual checks). */
+static nvmlReturn_t not_a_mig_handle(nvmlDevice_t dev) { BEGIN(dev) FAIL(NVML_ERROR_INVALID_ARGUMENT); DONE }
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t dev, nvmlDevice_t *parent) {
+    if (!mig_of(dev)) return not_a_mig_handle(dev);
+    BEGIN_MIG(dev) NEED(parent) *parent = m->parent; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned int *id) {
+    if (!mig_of(dev)) return not_a_mig_handle(dev);
+    BEGIN_MIG(dev) NEED(id) *id = MIG_GI_IDS[m->index]; DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned int *id) {
+    if (!mig_of(dev)) return not_a_mig_handle(dev);
+    BEGIN_MIG(dev) NEED(id) *id = 0; DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t dev, int *cur, int *pending) {
     BEGIN(dev) (void)cur; (void)pending; FAIL(NVML_ERROR_NOT_SUPPORTED); DONE /* Windows only */
@@ -786,12 +978,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, int *cur, int *pendin
     *cur = *pending = 1;
     DONE
 }
-EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int type, int counter, unsigned long long *count) {
-    BEGIN(dev) NEED(count) (void)type; (void)counter;
-    if (!g->ecc_supported) FAIL(NVML_ERROR_NOT_SUPPORTED);
-    *count = 0;
-    DONE
-}
 EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t dev, int *pstate) {
     BEGIN(dev) NEED(pstate) *pstate = g->util ? 0 : 8; DONE
 }
@@ -803,7 +989,18 @@ typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
 #define NVML_MEMORY_V2 0x02000028u
 
+/* A MIG instance: its slice of the memory, with its share of the driver's reserve in use. */
+static nvmlReturn_t mig_memory(nvmlDevice_t dev, unsigned long long *total, unsigned long long *reserved) {
+    BEGIN_MIG(dev) *total = mig_memory_bytes(m->parent); *reserved = m->parent->memory_reserved_bytes / 8; DONE
+}
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m) {
+    if (mig_of(dev)) {
+        unsigned long long total = 0, reserved = 0;
+        if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+        nvmlReturn_t rc = mig_memory(dev, &total, &reserved);
+        if (rc == NVML_SUCCESS) { m->total = total; m->used = reserved; m->free = total - reserved; }
+        return rc;
+    }
     BEGIN(dev) NEED(m)
     m->total = g->memory_total_bytes;
     m->used = mem_used_bytes(g);
@@ -811,6 +1008,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m) {
     DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m) {
+    if (mig_of(dev)) {
+        unsigned long long total = 0, reserved = 0;
+        if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+        if (m->version != NVML_MEMORY_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        nvmlReturn_t rc = mig_memory(dev, &total, &reserved);
+        if (rc == NVML_SUCCESS) { m->total = total; m->reserved = reserved; m->used = 0; m->free = total - reserved; }
+        return rc;
+    }
     BEGIN(dev) NEED(m)
     if (m->version != NVML_MEMORY_V2) FAIL(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     m->total = g->memory_total_bytes;
@@ -1103,6 +1308,16 @@ enum { VT_DOUBLE = 0, VT_UINT = 1, VT_ULL = 3, VT_SLL = 4, VT_SINT = 5 };
 
 static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
     unsigned mw;
+    if (f->fieldId >= 138 && f->fieldId <= 141) {
+        /* NVLINK_THROUGHPUT_DATA_TX/RX, RAW_TX/RX: KiB carried by link scopeId so far; all-reduce traffic is
+         * symmetric (TX = RX); raw adds the protocol overhead (simulated: 1/16) */
+        if (!g->nvlink_links) return NVML_ERROR_NOT_SUPPORTED;
+        if (f->scopeId >= g->nvlink_links) return NVML_ERROR_INVALID_ARGUMENT;
+        double kib = g->nvlink_kib_per_link * (f->fieldId >= 140 ? 17.0 / 16.0 : 1.0);
+        f->valueType = VT_ULL;
+        f->value.ullVal = (unsigned long long)kib;
+        return NVML_SUCCESS;
+    }
     switch (f->fieldId) {
     case 82: /* MEMORY_TEMP */
         if (!g->mem_temp_supported) return NVML_ERROR_NOT_SUPPORTED;
@@ -1142,7 +1357,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int n, nvmlFieldV
         f->timestamp = ts_us;
         f->latencyUsec = 0;
         f->value.ullVal = 0;
-        f->nvmlReturn = f->scopeId > 1 ? NVML_ERROR_NOT_SUPPORTED : read_field(g, f);
+        int per_link = f->fieldId >= 138 && f->fieldId <= 141; /* scopeId is the link */
+        f->nvmlReturn = f->scopeId > 1 && !per_link ? NVML_ERROR_NOT_SUPPORTED : read_field(g, f);
         any |= f->nvmlReturn == NVML_SUCCESS;
     }
     (void)any; /* like the driver: per-field status, SUCCESS for the call */
@@ -1183,4 +1399,373 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t dev, int type, unsigned lo
     *count = out;
     if (!out) FAIL(NVML_ERROR_NOT_FOUND);
     DONE
+}
+
+/* ---------------------------------------------------------------- health: ECC, retired pages, remapped rows */
+
+static nvmlReturn_t ecc_count(const sim_gpu *g, int type, int counter, unsigned long long *count) {
+    if (!g->ecc_supported) return NVML_ERROR_NOT_SUPPORTED;
+    if (type == 0 && counter == 0) *count = g->ecc_corr_vol;       /* corrected, volatile */
+    else if (type == 0 && counter == 1) *count = g->ecc_corr_agg;  /* corrected, aggregate */
+    else if (type == 1 && counter == 0) *count = g->ecc_unc_vol;   /* uncorrected, volatile */
+    else if (type == 1 && counter == 1) *count = g->ecc_unc_agg;   /* uncorrected, aggregate */
+    else return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int type, int counter, unsigned long long *count) {
+    BEGIN(dev) NEED(count) rc_ = ecc_count(g, type, counter, count); DONE
+}
+
+/* Every simulated error is a device-memory (DRAM) error: the other locations count none. */
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t dev, int type, int counter, int location,
+                                                    unsigned long long *count) {
+    BEGIN(dev) NEED(count)
+    if (location < 0 || location > 7) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    rc_ = ecc_count(g, type, counter, count);
+    if (rc_ == NVML_SUCCESS && location != 2) *count = 0;
+    DONE
+}
+
+/* Page retirement: parts older than Ampere (row_remapping 0). A retired page's address is made up but stable. */
+static nvmlReturn_t retired_pages(sim_gpu *g, int cause, unsigned int *count, unsigned long long *addresses,
+                                  unsigned long long *times) {
+    if (!g->ecc_supported || g->row_remapping) return NVML_ERROR_NOT_SUPPORTED;
+    if (!count || cause < 0 || cause > 1) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n = cause == 1 ? g->retired_dbe_pages : 0;
+    if (!addresses || *count < n) {
+        *count = n;
+        return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        addresses[i] = 0x1000ULL * (0x2000 + 17 * (unsigned long long)i);
+        if (times) times[i] = (unsigned long long)(g_start_ns / 1000000000LL);
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t dev, int cause, unsigned int *count,
+                                              unsigned long long *addresses) {
+    BEGIN(dev) rc_ = retired_pages(g, cause, count, addresses, NULL); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t dev, int cause, unsigned int *count,
+                                                 unsigned long long *addresses, unsigned long long *times) {
+    BEGIN(dev) rc_ = retired_pages(g, cause, count, addresses, times); DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, int *pending) {
+    BEGIN(dev) NEED(pending)
+    if (!g->ecc_supported || g->row_remapping) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    *pending = g->retire_pending;
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int *corr, unsigned int *unc,
+                                              unsigned int *pending, unsigned int *failure) {
+    BEGIN(dev) NEED(corr) NEED(unc) NEED(pending) NEED(failure)
+    if (!g->ecc_supported || !g->row_remapping) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    *corr = g->remap_corr_rows;
+    *unc = g->remap_unc_rows;
+    *pending = (unsigned)g->remap_pending;
+    *failure = (unsigned)g->remap_failure;
+    DONE
+}
+/* No replays are simulated on the PCIe link. */
+EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t dev, unsigned int *value) {
+    BEGIN(dev) NEED(value) *value = 0; DONE
+}
+
+/* ---------------------------------------------------------------- violation time, fan RPM */
+
+typedef struct { unsigned long long referenceTime, violationTime; } nvmlViolationTime_t;
+
+/* The time (ns, nvml.h) the clocks were held down by the power cap or by thermal slowdown: the ticks whose
+ * clock-event reasons had SW_POWER_CAP / HW_THERMAL, up to the start of the present tick (referenceTime, µs). */
+EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t dev, int policy, nvmlViolationTime_t *v) {
+    BEGIN(dev) NEED(v)
+    v->referenceTime = (unsigned long long)g->hist[g->k % HISTORY].t_us;
+    switch (policy) {
+    case 0: v->violationTime = g->viol_power_ns; break;   /* NVML_PERF_POLICY_POWER */
+    case 1: v->violationTime = g->viol_thermal_ns; break; /* NVML_PERF_POLICY_THERMAL */
+    case 2: case 3: case 4: case 5: case 10: case 11: v->violationTime = 0; break; /* never limited by these */
+    default: FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    DONE
+}
+
+typedef struct { unsigned int version, fan, speed; } nvmlFanSpeedInfo_t;
+#define NVML_FAN_SPEED_INFO_V1 0x100000Cu
+#define FAN_MAX_RPM 3000.0 /* simulated: the speed at 100 % */
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeedRPM(nvmlDevice_t dev, nvmlFanSpeedInfo_t *info) {
+    BEGIN(dev) NEED(info)
+    if (info->version != NVML_FAN_SPEED_INFO_V1) FAIL(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (!g->fan_count) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    if (info->fan >= g->fan_count) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    info->speed = (unsigned)(fan_curve_pct(g, g->temp_c) / 100.0 * FAN_MAX_RPM + 0.5);
+    DONE
+}
+
+/* ---------------------------------------------------------------- NVLink */
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link, int *active) {
+    BEGIN(dev) NEED(active)
+    if (!g->nvlink_links) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= g->nvlink_links) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    *active = 1;
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t dev, unsigned int link, unsigned int *version) {
+    BEGIN(dev) NEED(version)
+    if (!g->nvlink_links) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= g->nvlink_links) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    *version = g->architecture >= 9 ? 4 : 3; /* Hopper NVLink 4, Ampere NVLink 3 */
+    DONE
+}
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t dev, unsigned int link, int counter,
+                                                    unsigned long long *value) {
+    BEGIN(dev) NEED(value)
+    if (!g->nvlink_links) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= g->nvlink_links) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    switch (counter) {
+    case 0: *value = g->nvlink_replay[link]; break;   /* DL_REPLAY */
+    case 1: *value = 0; break;                         /* DL_RECOVERY: no link retraining simulated */
+    case 2: *value = g->nvlink_crc_flit[link]; break; /* DL_CRC_FLIT */
+    case 3: case 4: *value = 0; break;                 /* DL_CRC_DATA, DL_ECC_DATA */
+    default: FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    DONE
+}
+
+/* ---------------------------------------------------------------- events */
+
+#define EVENT_SBE 0x1ULL
+#define EVENT_DBE 0x2ULL
+#define EVENT_XID 0x8ULL
+#define EVENT_CLOCK 0x10ULL
+#define EVENT_POWER_SOURCE 0x80ULL
+
+static unsigned long long supported_events(const sim_gpu *g) {
+    /* PowerSourceChange is supported but never happens: no simulated GPU runs on a battery */
+    return EVENT_XID | EVENT_CLOCK | EVENT_POWER_SOURCE | (g->ecc_supported ? EVENT_SBE | EVENT_DBE : 0);
+}
+
+/* One registration per device: events after reg_ns, read from the device's history (cursor) and clock ring. */
+typedef struct {
+    unsigned long long mask;
+    int64_t reg_ns;
+    size_t cursor;
+    unsigned long long clock_cursor;
+} sim_event_reg;
+
+#define EVENT_SET_MAGIC 0x65767473u
+typedef struct sim_event_set {
+    unsigned magic;
+    sim_event_reg regs[MAX_GPUS];
+} *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    struct sim_event_set *s = calloc(1, sizeof *s);
+    if (!s) return NVML_ERROR_UNKNOWN;
+    s->magic = EVENT_SET_MAGIC;
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != EVENT_SET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    set->magic = 0;
+    free(set);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long *types) {
+    BEGIN(dev) NEED(types) *types = supported_events(g); DONE
+}
+
+/* Like the driver, a set sees only what happens after the registration: a restarted agent does not get
+ * the old events again. Registering again for a device adds types and keeps the set's place. */
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types, nvmlEventSet_t set) {
+    BEGIN(dev)
+    if (!set || set->magic != EVENT_SET_MAGIC) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    if (types & ~supported_events(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    sim_event_reg *r = &set->regs[g->index];
+    if (!r->mask) {
+        r->reg_ns = now_ns();
+        r->cursor = 0;
+        r->clock_cursor = g->clock_changes;
+    }
+    r->mask |= types;
+    DONE
+}
+
+/* The next event for the set, or 0. Events in the history apply at the first tick boundary at or after their
+ * time (like every input), so the set delivers those up to the present tick: g->next_event. */
+static int next_event_for(struct sim_event_set *set, nvmlEventData_t *out) {
+    for (unsigned i = 0; i < g_gpu_count; i++) {
+        sim_event_reg *r = &set->regs[i];
+        if (!r->mask) continue;
+        sim_gpu *g = &g_gpus[i];
+        while (r->cursor < g->next_event) {
+            const sim_event *e = &g->events[r->cursor++];
+            if (e->t_ns <= r->reg_ns) continue;
+            unsigned long long type = 0, data = 0;
+            if (e->kind == 'X') { type = EVENT_XID; data = (unsigned long long)e->value; }
+            else if (e->kind == 'E' && e->value == 1) type = EVENT_SBE;
+            else if (e->kind == 'E' && e->value == 2) type = EVENT_DBE;
+            if (!(type & r->mask)) continue;
+            out->device = g;
+            out->eventType = type;
+            out->eventData = data;
+            out->gpuInstanceId = out->computeInstanceId = 0xFFFFFFFFu; /* not in a MIG instance */
+            return 1;
+        }
+        if (r->mask & EVENT_CLOCK) {
+            /* the ring keeps the latest CLOCK_RING changes; older ones are dropped, as a full driver queue drops */
+            if (g->clock_changes > CLOCK_RING && r->clock_cursor < g->clock_changes - CLOCK_RING)
+                r->clock_cursor = g->clock_changes - CLOCK_RING;
+            while (r->clock_cursor < g->clock_changes) {
+                int64_t t = g->clock_ring_t_ns[r->clock_cursor++ % CLOCK_RING];
+                if (t <= r->reg_ns) continue;
+                out->device = g;
+                out->eventType = EVENT_CLOCK;
+                out->eventData = 0;
+                out->gpuInstanceId = out->computeInstanceId = 0xFFFFFFFFu;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Blocks up to timeout_ms; polls on the driver's cadence (the files are read only when a tick has passed). */
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != EVENT_SET_MAGIC || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    int64_t deadline = now_ns() + (int64_t)timeout_ms * 1000000LL;
+    for (;;) {
+        pthread_mutex_lock(&g_lock);
+        refresh();
+        int found = next_event_for(set, data);
+        pthread_mutex_unlock(&g_lock);
+        if (found) return NVML_SUCCESS;
+        int64_t t = now_ns();
+        if (t >= deadline) return NVML_ERROR_TIMEOUT;
+        /* sleep to just after the next tick boundary (or the deadline) */
+        int64_t next = g_start_ns + ((t - g_start_ns) / g_period_ns + 1) * g_period_ns + 200000;
+        int64_t until = next < deadline ? next : deadline;
+        struct timespec ts = {(time_t)((until - t) / 1000000000LL), (long)((until - t) % 1000000000LL)};
+        nanosleep(&ts, NULL);
+    }
+}
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
+}
+
+/* ---------------------------------------------------------------- GPM (Hopper and newer) */
+
+typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
+#define GPM_SAMPLE_MAGIC 0x67706d73u
+typedef struct sim_gpm_sample {
+    unsigned magic;
+    sim_gpu *gpu; /* NULL until nvmlGpmSampleGet filled it */
+    int64_t t_us;  /* the start of the tick it was taken in */
+    double acc[GPM_N], rate[GPM_N];
+} *nvmlGpmSample_t;
+
+typedef struct { const char *shortName, *longName, *unit; } nvmlGpmMetricInfo_t;
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    nvmlGpmMetricInfo_t metricInfo;
+} nvmlGpmMetric_t;
+#define NVML_GPM_METRIC_MAX 477 /* pynvml's bound: the most metrics one call may ask for */
+typedef struct {
+    unsigned int version, numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+
+static int gpm_supported(const sim_gpu *g) { return g->architecture >= 9; }
+
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *s) {
+    BEGIN(dev) NEED(s)
+    if (s->version != 1) FAIL(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    s->isSupportedDevice = (unsigned)gpm_supported(g);
+    if (!s->isSupportedDevice) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    DONE
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!sample) return NVML_ERROR_INVALID_ARGUMENT;
+    struct sim_gpm_sample *s = calloc(1, sizeof *s);
+    if (!s) return NVML_ERROR_UNKNOWN;
+    s->magic = GPM_SAMPLE_MAGIC;
+    *sample = s;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!sample || sample->magic != GPM_SAMPLE_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    sample->magic = 0;
+    free(sample);
+    return NVML_SUCCESS;
+}
+
+/* A sample holds the activity integrals up to the start of the present tick and the present tick's rates. */
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+    BEGIN(dev)
+    if (!sample || sample->magic != GPM_SAMPLE_MAGIC) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpm_supported(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    sample->gpu = g;
+    sample->t_us = g->hist[g->k % HISTORY].t_us;
+    memcpy(sample->acc, g->gpm_acc, sizeof sample->acc);
+    memcpy(sample->rate, g->gpm_rate, sizeof sample->rate);
+    DONE
+}
+
+static const char *const GPM_LONG[GPM_N] = {
+    "Percentage of SMs that were busy", "Percentage of warps that were active vs theoretical maximum",
+    "Percentage of time the GPU's SMs were doing any tensor operations", "Percentage of DRAM bw used vs theoretical maximum",
+    "Percentage of time the GPU's SMs were doing non-tensor FP16 math",
+    "Percentage of time the GPU's SMs were doing non-tensor FP32 math",
+    "Percentage of time the GPU's SMs were doing non-tensor FP64 math"};
+
+/* Each metric is the mean over [sample1, sample2): the difference of the integrals over the time between the
+ * samples; two samples of the same tick give that tick's value. */
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg) {
+    if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    if (!mg) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mg->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    struct sim_gpm_sample *a = mg->sample1, *b = mg->sample2;
+    if (!a || !b || a->magic != GPM_SAMPLE_MAGIC || b->magic != GPM_SAMPLE_MAGIC || !a->gpu || a->gpu != b->gpu)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (mg->numMetrics == 0 || mg->numMetrics > NVML_GPM_METRIC_MAX) return NVML_ERROR_INVALID_ARGUMENT;
+    if (b->t_us < a->t_us) { struct sim_gpm_sample *t = a; a = b; b = t; }
+    double dt = (double)(b->t_us - a->t_us) / 1e6;
+    for (unsigned i = 0; i < mg->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &mg->metrics[i];
+        int found = -1;
+        for (int j = 0; j < GPM_N; j++)
+            if (GPM_IDS[j] == m->metricId) found = j;
+        m->value = 0.0;
+        memset(&m->metricInfo, 0, sizeof m->metricInfo);
+        if (found < 0) { m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED; continue; }
+        double v = dt > 0 ? (b->acc[found] - a->acc[found]) / dt : b->rate[found];
+        m->value = v < 0 ? 0 : v > 100 ? 100 : v;
+        m->nvmlReturn = NVML_SUCCESS;
+        m->metricInfo.shortName = GPM_SHORT[found];
+        m->metricInfo.longName = GPM_LONG[found];
+        m->metricInfo.unit = "%";
+    }
+    return NVML_SUCCESS;
 }

@@ -1,0 +1,470 @@
+"""GPU health through the real pynvml and the real `gpuprobe sim fail` / `sim load`: NVML events, ECC
+counters, remapped rows and retired pages, NVLink, violation time, GPM, MIG, and the CLI's usage errors
+(docs/simulator.md, "Health", "GPM", "MIG")."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any
+
+import pytest
+
+from gpuprobe.sim.profiles import PROFILES, WORKLOAD_ACTIVITY, WORKLOAD_IDS
+
+Sim = Any  # tests/sim/conftest.py's Sim helper (the `sim` fixture)
+
+PERIOD_S = 0.05
+
+
+def _gpuprobe_command() -> list[str]:
+    """The `gpuprobe` console script of this interpreter's environment (as conftest.gpuprobe_command)."""
+    script = Path(sys.executable).parent / "gpuprobe"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("gpuprobe")
+    return [found] if found else [sys.executable, "-m", "gpuprobe"]
+
+
+def child(*parts: str) -> str:
+    """A child snippet from parts each indented on its own (the helpers below, a test's body)."""
+    return "\n".join(textwrap.dedent(part) for part in parts)
+
+
+# Child helpers: the real CLI against the child's own machine (GPUPROBE_SIM_DIR is set in the child).
+CLI_HELPERS = f"""
+import ctypes
+GPUPROBE = {_gpuprobe_command()!r}
+
+def sim_cli(*args):
+    proc = subprocess.run(GPUPROBE + ["sim", *args], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+def wait_event(es, timeout_ms):
+    \"\"\"(device index, event type, event data, seconds waited) or None on NVML_ERROR_TIMEOUT.\"\"\"
+    t0 = time.monotonic()
+    try:
+        e = N.nvmlEventSetWait_v2(es, timeout_ms)
+    except N.NVMLError as err:
+        assert err.value == N.NVML_ERROR_TIMEOUT, err
+        return None
+    # the device by its handle (GetIndex would answer GPU_IS_LOST after an XID 79)
+    address = ctypes.cast(e.device, ctypes.c_void_p).value
+    index = [ctypes.cast(h, ctypes.c_void_p).value for h in H].index(address)
+    return [index, int(e.eventType), int(e.eventData), time.monotonic() - t0]
+
+def plain(value):
+    # a number from pynvml, which returns some as ctypes values
+    return getattr(value, "value", value)
+
+def err_name(call):
+    try:
+        return call()
+    except N.NVMLError as err:
+        return "err%d" % err.value
+"""
+
+
+def test_an_injected_xid_reaches_a_waiting_set_once_and_only_sets_registered_before_it(sim: Sim) -> None:
+    machine = sim.machine("H100-SXM5-80GB", gpus=2, period_s=PERIOD_S)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            """
+        XID_DBE = N.nvmlEventTypeXidCriticalError | N.nvmlEventTypeDoubleBitEccError
+        supported = [N.nvmlDeviceGetSupportedEventTypes(h) for h in H]
+        es = N.nvmlEventSetCreate()
+        for h in H:
+            N.nvmlDeviceRegisterEvents(h, XID_DBE, es)
+        nothing_yet = wait_event(es, 150)
+        sim_cli("fail", "--gpu", "1", "--xid", "43")
+        first = wait_event(es, 3000)
+        again = wait_event(es, 300)
+        late = N.nvmlEventSetCreate()  # registered after the event (an agent restarted since)
+        N.nvmlDeviceRegisterEvents(H[1], XID_DBE, late)
+        late_sees = wait_event(late, 300)
+        sim_cli("fail", "--gpu", "1", "--recover")
+        after_recovery = [wait_event(es, 300), wait_event(late, 100)]
+        unsupported = err_name(lambda: N.nvmlDeviceRegisterEvents(H[0], N.nvmlEventTypePState, es))
+        N.nvmlEventSetFree(es)
+        N.nvmlEventSetFree(late)
+        emit(dict(supported=supported, nothing_yet=nothing_yet, first=first, again=again, late_sees=late_sees,
+                  after_recovery=after_recovery, unsupported=unsupported))
+        """,
+        ),
+    )
+    assert out["supported"] == [0x9B, 0x9B]  # XID, clock, power source, SBE, DBE
+    assert out["nothing_yet"] is None
+    index, event_type, data, waited_s = out["first"]
+    assert (index, event_type, data) == (1, 0x8, 43)
+    assert waited_s < 1.0, "seen within a few periods of the injection"
+    assert out["again"] is None, "each event is delivered once per set"
+    assert out["late_sees"] is None, "a set registered after an event does not get it"
+    assert out["after_recovery"] == [None, None], "a reset is not an event and does not replay old ones"
+    assert out["unsupported"] == "err3"
+
+
+def test_xid_79_loses_the_gpu_right_after_its_event(sim: Sim, cli: Callable[..., CompletedProcess[str]]) -> None:
+    machine = sim.machine("A100-SXM4-80GB", gpus=1, period_s=PERIOD_S)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            """
+        es = N.nvmlEventSetCreate()
+        N.nvmlDeviceRegisterEvents(H[0], N.nvmlEventTypeXidCriticalError, es)
+        before = err_name(lambda: N.nvmlDeviceGetTemperature(H[0], 0))
+        sim_cli("fail", "--xid", "79")
+        event = wait_event(es, 3000)
+        lost = err_name(lambda: N.nvmlDeviceGetTemperature(H[0], 0))
+        register_lost = err_name(lambda: N.nvmlDeviceRegisterEvents(H[0], N.nvmlEventTypeXidCriticalError, es))
+        sim_cli("fail", "--recover")
+        time.sleep(0.2)
+        back = err_name(lambda: N.nvmlDeviceGetTemperature(H[0], 0))
+        emit(dict(before=before, event=event, lost=lost, register_lost=register_lost, back=back))
+        """,
+        ),
+    )
+    assert isinstance(out["before"], int)
+    # the event is delivered although the GPU is lost from the same tick on
+    assert out["event"][:3] == [0, 0x8, 79]
+    assert out["lost"] == "err15" and out["register_lost"] == "err15"  # NVML_ERROR_GPU_IS_LOST
+    assert isinstance(out["back"], int)
+
+
+ECC_READ = """
+def ecc():
+    h = H[0]
+    out = {"counts": [N.nvmlDeviceGetTotalEccErrors(h, t, c) for t in (0, 1) for c in (0, 1)]}
+    out["dram_unc_vol"] = N.nvmlDeviceGetMemoryErrorCounter(h, 1, 0, N.NVML_MEMORY_LOCATION_DRAM)
+    out["l2_unc_vol"] = N.nvmlDeviceGetMemoryErrorCounter(h, 1, 0, N.NVML_MEMORY_LOCATION_L2_CACHE)
+    out["rows"] = err_name(lambda: list(N.nvmlDeviceGetRemappedRows(h)))
+    out["pages"] = err_name(lambda: N.nvmlDeviceGetRetiredPages(h, 1))
+    out["pages_pending"] = err_name(lambda: N.nvmlDeviceGetRetiredPagesPendingStatus(h))
+    return out
+
+def events(es):
+    got = []
+    while True:
+        e = wait_event(es, 250)
+        if e is None:
+            return got
+        got.append(e[1:3])
+"""
+
+
+def test_ecc_counters_and_remap_flags_move_and_a_reset_clears_the_volatile_ones(sim: Sim) -> None:
+    machine = sim.machine("H100-SXM5-80GB", gpus=1, period_s=PERIOD_S)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            ECC_READ,
+            """
+        es = N.nvmlEventSetCreate()
+        N.nvmlDeviceRegisterEvents(H[0], N.nvmlDeviceGetSupportedEventTypes(H[0]) & ~N.nvmlEventTypeClock, es)
+        fresh = ecc()
+        sim_cli("fail", "--ecc-sbe", "--ecc-dbe", "--remap-pending")
+        seen = events(es)
+        injected = ecc()
+        sim_cli("fail", "--remap-failure")
+        seen_failure = events(es)
+        sim_cli("fail", "--recover")
+        time.sleep(0.2)
+        reset = ecc()
+        emit(dict(fresh=fresh, seen=seen, injected=injected, seen_failure=seen_failure, reset=reset))
+        """,
+        ),
+    )
+    # counts: [corrected volatile, corrected aggregate, uncorrected volatile, uncorrected aggregate]
+    assert out["fresh"]["counts"] == [0, 0, 0, 0]
+    assert out["fresh"]["rows"] == [0, 0, 0, 0]
+    assert out["fresh"]["pages"] == "err3" and out["fresh"]["pages_pending"] == "err3"  # Hopper remaps rows
+    assert out["seen"] == [[0x1, 0], [0x2, 0], [0x8, 48], [0x8, 63]]
+    assert out["injected"]["counts"] == [1, 1, 1, 1]
+    assert out["injected"]["dram_unc_vol"] == 1 and out["injected"]["l2_unc_vol"] == 0
+    assert out["injected"]["rows"] == [0, 1, 1, 0]  # corrRows, uncRows, isPending, failureOccurred
+    assert out["seen_failure"] == [[0x8, 64]]
+    # a reset: volatile counts and the pending flag cleared; aggregate, remapped rows and the failure stay
+    assert out["reset"]["counts"] == [0, 1, 0, 1]
+    assert out["reset"]["rows"] == [0, 1, 0, 1]
+
+
+def test_older_parts_retire_pages_and_parts_without_ecc_answer_not_supported(
+    sim: Sim, cli: Callable[..., CompletedProcess[str]]
+) -> None:
+    retiring = sim.machine("A100-SXM4-80GB", gpus=1, period_s=PERIOD_S, row_remapping=0)
+    out = sim.run(
+        retiring,
+        child(
+            CLI_HELPERS,
+            ECC_READ,
+            """
+        sim_cli("fail", "--ecc-dbe")
+        time.sleep(0.2)
+        injected = ecc()
+        sim_cli("fail", "--recover")
+        time.sleep(0.2)
+        emit(dict(injected=injected, reset=ecc()))
+        """,
+        ),
+    )
+    assert out["injected"]["counts"] == [0, 0, 1, 1]
+    assert out["injected"]["rows"] == "err3"
+    assert len(out["injected"]["pages"]) == 1 and out["injected"]["pages_pending"] == 1
+    assert out["reset"]["pages"] == out["injected"]["pages"] and out["reset"]["pages_pending"] == 0
+
+    geforce = sim.machine("RTX-4090", gpus=1, period_s=PERIOD_S)
+    out = sim.run(
+        geforce,
+        child(
+            CLI_HELPERS,
+            """
+        fan = N.nvmlDeviceGetFanSpeed(H[0])
+        emit(dict(
+            ecc=err_name(lambda: N.nvmlDeviceGetTotalEccErrors(H[0], 1, 1)),
+            rows=err_name(lambda: N.nvmlDeviceGetRemappedRows(H[0])),
+            supported=N.nvmlDeviceGetSupportedEventTypes(H[0]),
+            rpm=N.nvmlDeviceGetFanSpeedRPM(H[0]), fan=fan,
+            gpm=err_name(lambda: N.nvmlGpmQueryDeviceSupport(H[0]).isSupportedDevice),
+        ))
+        """,
+        ),
+    )
+    assert out["ecc"] == "err3" and out["rows"] == "err3" and out["gpm"] == "err3"
+    assert out["supported"] == 0x98  # no ECC events
+    assert abs(out["rpm"] - out["fan"] * 30) <= 15  # 3000 RPM at 100 %
+    result = cli("sim", "fail", "--ecc-dbe", "--state-dir", str(geforce.state_dir))
+    assert result.returncode == 2 and "has no ECC" in result.stderr
+    assert (geforce.state_dir / "gpu0.events").read_text() == ""
+
+
+GPM_READ = """
+IDS = [N.NVML_GPM_METRIC_SM_UTIL, N.NVML_GPM_METRIC_SM_OCCUPANCY, N.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+       N.NVML_GPM_METRIC_DRAM_BW_UTIL, N.NVML_GPM_METRIC_FP16_UTIL, N.NVML_GPM_METRIC_FP32_UTIL,
+       N.NVML_GPM_METRIC_FP64_UTIL]
+
+def gpm_over(handles, seconds):
+    \"\"\"{index: {metric id: value}} averaged over `seconds`, from two samples per GPU.\"\"\"
+    first = {i: N.nvmlGpmSampleGet(H[i], N.nvmlGpmSampleAlloc()) for i in handles}
+    time.sleep(seconds)
+    out = {}
+    for i in handles:
+        second = N.nvmlGpmSampleGet(H[i], N.nvmlGpmSampleAlloc())
+        mg = N.c_nvmlGpmMetricsGet_t()
+        mg.version = N.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(IDS)
+        mg.sample1, mg.sample2 = first[i], second
+        for k, m in enumerate(IDS):
+            mg.metrics[k].metricId = m
+        N.nvmlGpmMetricsGet(mg)
+        assert all(mg.metrics[k].nvmlReturn == 0 for k in range(len(IDS)))
+        out[i] = {str(mg.metrics[k].metricId): mg.metrics[k].value for k in range(len(IDS))}
+        N.nvmlGpmSampleFree(first[i])
+        N.nvmlGpmSampleFree(second)
+    return out
+"""
+
+
+def test_gpm_on_hopper_only_with_activity_that_follows_the_workload(sim: Sim) -> None:
+    profiles = [PROFILES[n] for n in ("H100-SXM5-80GB", "H200-SXM-141GB", "A100-SXM4-80GB", "L4")]
+    machine = sim.machine(profiles, period_s=PERIOD_S)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            GPM_READ,
+            """
+        support = [err_name(lambda: N.nvmlGpmQueryDeviceSupport(h).isSupportedDevice) for h in H]
+        sample_on_a100 = err_name(lambda: N.nvmlGpmSampleGet(H[2], N.nvmlGpmSampleAlloc()))
+        idle = gpm_over([0, 1], 0.2)
+        me = os.getpid()
+        sim_cli("load", "--gpu", "0", "--util", "100", "--workload", "matmul-burn", "--pid", str(me),
+                "--mem-used-bytes", str(8 << 30))
+        sim_cli("load", "--gpu", "1", "--util", "90", "--workload", "resnet50")
+        time.sleep(0.2)
+        loaded = gpm_over([0, 1], 0.5)
+        util = [N.nvmlDeviceGetUtilizationRates(H[i]).gpu for i in (0, 1)]
+        procs = [(p.pid, p.usedGpuMemory) for p in N.nvmlDeviceGetComputeRunningProcesses(H[0])]
+        putil = [(s.pid, s.smUtil) for s in N.nvmlDeviceGetProcessUtilization(H[0], 0)]
+        emit(dict(support=support, sample_on_a100=sample_on_a100, idle=idle, loaded=loaded, util=util,
+                  procs=procs, putil=putil, me=me))
+        """,
+        ),
+    )
+    assert out["support"] == [1, 1, "err3", "err3"]
+    assert out["sample_on_a100"] == "err3"
+    sm, tensor, dram = "2", "5", "10"
+    for values in out["idle"].values():
+        assert all(v == 0.0 for v in values.values())
+    matmul, resnet = out["loaded"]["0"], out["loaded"]["1"]
+    assert out["util"] == [100, 90]
+    assert matmul[tensor] > 85 and resnet[tensor] < 40
+    assert matmul[tensor] > resnet[tensor] + 40
+    assert resnet[dram] > matmul[dram]  # convolutions move more activations than GEMMs
+    assert matmul[sm] <= 100 and resnet[sm] <= 90  # SM activity never above the utilization
+    assert matmul[sm] == pytest.approx(98.0, abs=0.5)  # 100 % x the table's 0.98: a mean over whole ticks
+    # the load's pid, memory and utilization in the process queries
+    assert out["procs"] == [[out["me"], 8 << 30]]
+    assert out["putil"] == [[out["me"], 100]]
+
+
+def test_nvlink_state_errors_and_throughput(sim: Sim, cli: Callable[..., CompletedProcess[str]]) -> None:
+    profiles = [PROFILES["H100-SXM5-80GB"], PROFILES["L4"]]
+    machine = sim.machine(profiles, period_s=PERIOD_S)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            """
+        h = H[0]
+        state = [N.nvmlDeviceGetNvLinkState(h, l) for l in range(18)]
+        beyond = err_name(lambda: N.nvmlDeviceGetNvLinkState(h, 18))
+        l4 = err_name(lambda: N.nvmlDeviceGetNvLinkState(H[1], 0))
+        sim_cli("fail", "--nvlink-errors", "5", "--link", "3")
+        time.sleep(0.2)
+        crc = [N.nvmlDeviceGetNvLinkErrorCounter(h, l, N.NVML_NVLINK_ERROR_DL_CRC_FLIT) for l in (0, 3)]
+        replay = [N.nvmlDeviceGetNvLinkErrorCounter(h, l, N.NVML_NVLINK_ERROR_DL_REPLAY) for l in (0, 3)]
+        recovery = N.nvmlDeviceGetNvLinkErrorCounter(h, 3, N.NVML_NVLINK_ERROR_DL_RECOVERY)
+        def tx(link):
+            f = N.nvmlDeviceGetFieldValues(h, [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link)])[0]
+            assert f.nvmlReturn == 0, f.nvmlReturn
+            return f.value.ullVal
+        idle = [tx(0), tx(17)]
+        set_load(0, 100)
+        time.sleep(0.1)
+        t0, a = same_tick(h, lambda: tx(5))
+        time.sleep(0.5)
+        t1, b = same_tick(h, lambda: tx(5))
+        l4_field = N.nvmlDeviceGetFieldValues(H[1], [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)])[0].nvmlReturn
+        emit(dict(state=state, beyond=beyond, l4=l4, crc=crc, replay=replay, recovery=recovery, idle=idle,
+                  rate_kib_s=(b - a) / ((t1 - t0) / 1e6), l4_field=l4_field))
+        """,
+        ),
+    )
+    assert out["state"] == [1] * 18 and out["beyond"] == "err2" and out["l4"] == "err3"
+    assert out["crc"] == [0, 5] and out["replay"] == [0, 5] and out["recovery"] == 0
+    assert out["idle"] == [0, 0]
+    # generic load at 100 %: DRAM_BW 40 % -> 25 GB/s x 0.5 x 0.4 = 5 GB/s per link and direction
+    assert out["rate_kib_s"] == pytest.approx(5e9 / 1024, rel=0.02)
+    assert out["l4_field"] == 3
+    beyond = cli("sim", "fail", "--nvlink-errors", "1", "--link", "18", "--state-dir", str(machine.state_dir))
+    assert beyond.returncode == 2 and "--link 18 is beyond" in beyond.stderr and "0-17" in beyond.stderr
+
+
+def test_violation_time_grows_while_the_power_cap_holds_the_clock(sim: Sim) -> None:
+    machine = sim.machine("H100-SXM5-80GB", gpus=1, period_s=PERIOD_S)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            """
+        h = H[0]
+        clock_events = N.nvmlEventSetCreate()
+        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeClock, clock_events)
+        def viol(policy):
+            v = N.nvmlDeviceGetViolationStatus(h, policy)
+            return v.referenceTime, v.violationTime
+        idle_a = viol(N.NVML_PERF_POLICY_POWER)
+        time.sleep(0.3)
+        idle_b = viol(N.NVML_PERF_POLICY_POWER)
+        N.nvmlDeviceSetPowerManagementLimit(h, 300000)
+        set_load(0, 60)  # demand 484 W: capped at 300 W
+        wait_ticks(h, 2)
+        a = viol(N.NVML_PERF_POLICY_POWER)
+        time.sleep(0.5)
+        b = viol(N.NVML_PERF_POLICY_POWER)
+        reasons = N.nvmlDeviceGetCurrentClocksEventReasons(h)
+        clock = wait_event(clock_events, 500)  # idle clock -> the capped clock: one ClockChange
+        clock_again = wait_event(clock_events, 200)  # steady since
+        emit(dict(idle=[idle_a, idle_b], a=a, b=b, thermal=viol(N.NVML_PERF_POLICY_THERMAL)[1],
+                  sync=viol(N.NVML_PERF_POLICY_SYNC_BOOST)[1], reasons=reasons, clock=clock,
+                  clock_again=clock_again))
+        """,
+        ),
+    )
+    assert [violation_ns for _, violation_ns in out["idle"]] == [0, 0]
+    assert out["reasons"] & 0x4  # SW_POWER_CAP
+    (ref_a_us, viol_a_ns), (ref_b_us, viol_b_ns) = out["a"], out["b"]
+    # every tick between the two readings was capped: violation time grows with the reference clock
+    assert viol_b_ns - viol_a_ns == (ref_b_us - ref_a_us) * 1000
+    assert viol_b_ns - viol_a_ns >= 400_000_000
+    assert out["thermal"] == 0 and out["sync"] == 0
+    assert out["clock"][:3] == [0, 0x10, 0] and out["clock_again"] is None
+
+
+def test_mig_instances_answer_as_mig_devices(sim: Sim, cli: Callable[..., CompletedProcess[str]]) -> None:
+    machine = sim.machine("H100-SXM5-80GB", gpus=1, period_s=PERIOD_S, mig_instances=3)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            """
+        h = H[0]
+        migs = [N.nvmlDeviceGetMigDeviceHandleByIndex(h, i) for i in range(3)]
+        emit(dict(
+            mode=[plain(m) for m in N.nvmlDeviceGetMigMode(h)],
+            max_count=plain(N.nvmlDeviceGetMaxMigDeviceCount(h)),
+            beyond=err_name(lambda: N.nvmlDeviceGetMigDeviceHandleByIndex(h, 3)),
+            is_mig=[plain(N.nvmlDeviceIsMigDeviceHandle(m)) for m in [h] + migs],
+            gi=[plain(N.nvmlDeviceGetGpuInstanceId(m)) for m in migs],
+            names=[N.nvmlDeviceGetName(m) for m in migs],
+            uuids=[N.nvmlDeviceGetUUID(m) for m in migs],
+            parent_uuid=N.nvmlDeviceGetUUID(h),
+            mem=[N.nvmlDeviceGetMemoryInfo(m).total for m in migs],
+            parent_mem=N.nvmlDeviceGetMemoryInfo(h).total,
+            gi_of_parent=err_name(lambda: N.nvmlDeviceGetGpuInstanceId(h)),
+        ))
+        """,
+        ),
+    )
+    assert out["mode"] == [1, 1] and out["max_count"] == 7 and out["beyond"] == "err6"
+    assert out["is_mig"] == [0, 1, 1, 1]
+    assert out["gi"] == [7, 8, 9]
+    assert out["names"] == ["NVIDIA H100 80GB HBM3 MIG 1g.10gb"] * 3
+    assert len(set(out["uuids"])) == 3 and all(u.startswith("MIG-") for u in out["uuids"])
+    assert all(m <= out["parent_mem"] / 8 and m > out["parent_mem"] / 9 for m in out["mem"])
+    assert out["gi_of_parent"] == "err2"
+    bad = cli("sim", "run", "--profile", "L4", "--gpus", "1", "--set", "0.mig_instances=2", "--", "true")
+    assert bad.returncode == 2 and "does not support MIG" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["fail", "--gpu", "5", "--xid", "13"], "GPU 5 does not exist"),
+        (["fail", "--xid", "0"], "--xid takes a positive XID code"),
+        (["fail", "--recover", "--ecc-sbe"], "--recover cannot be combined"),
+        (["fail", "--link", "2"], "--link applies to --nvlink-errors only"),
+        (["fail", "--gpu", "1", "--nvlink-errors", "3"], "has no NVLink"),
+        (["fail", "--nvlink-errors", "0"], "--nvlink-errors takes a positive count"),
+        (["load", "--workload", "doom"], "unknown workload 'doom'"),
+    ],
+)
+def test_bad_injections_are_usage_errors_that_write_nothing(
+    sim: Sim, cli: Callable[..., CompletedProcess[str]], args: list[str], message: str
+) -> None:
+    machine = sim.machine([PROFILES["H100-SXM5-80GB"], PROFILES["L4"]], period_s=PERIOD_S)
+    result = cli("sim", *args, "--state-dir", str(machine.state_dir))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
+    assert all((machine.state_dir / f"gpu{i}.events").read_text() == "" for i in (0, 1))
+
+
+def test_the_documented_workload_table_is_the_simulators() -> None:
+    """docs/simulator.md's GPM table lists sim/profiles.py's WORKLOAD_ACTIVITY, ids and ratios."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "simulator.md").read_text()
+    lines = text[text.index("<!-- workload table") :].splitlines()[1:]
+    rows = [line for line in lines[2:] if line.startswith("|")][: len(WORKLOAD_ACTIVITY)]
+    documented = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        name, _, wid = cells[0].partition(" (")
+        documented[name] = (int(wid.rstrip(")")), tuple(float(c) for c in cells[1:]))
+    assert documented == {name: (WORKLOAD_IDS[name], ratios) for name, ratios in WORKLOAD_ACTIVITY.items()}
