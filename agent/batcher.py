@@ -1,6 +1,7 @@
 """Collects samples into the next ``SampleBatch``: closed when it holds ``max_samples`` or is ``flush_interval_s`` old.
 
-The sampler thread and the event loop (trainer input) add samples; the service's flusher takes the
+The sampler thread, the GPU events thread and the event loop (trainer input) add samples (a GPU
+event, process, NVLink or MIG sample counts as one sample); the service's flusher takes the
 batch (:meth:`Batcher.take`) once per flush interval, or earlier when ``on_full`` tells it the batch
 reached ``max_samples``. GPU samples wait as plain dicts (an append on the sampling hot path) and
 become ``GpuSample`` messages in one go when the batch is taken, outside the sampler thread. The
@@ -89,6 +90,23 @@ class Batcher:
 
     def add_probe_event(self, event: telemetry_pb2.ProbeEvent) -> None:
         self._add("probe_events", [event])
+
+    def add_gpu_events(self, events: Sequence[telemetry_pb2.GpuEvent]) -> None:
+        """GPU events (XID, ECC, lost / recovered...): each is put into exactly one batch, which is flushed
+        to the spool at once (``on_full``): NVML delivers an event once, so an agent killed before its next
+        flush interval would otherwise lose it for good."""
+        self._add("gpu_events", events)
+        if events and self.on_full is not None:
+            self.on_full()
+
+    def add_processes(self, samples: Sequence[telemetry_pb2.ProcessSample]) -> None:
+        self._add("process_samples", samples)
+
+    def add_nvlink(self, samples: Sequence[telemetry_pb2.NvLinkSample]) -> None:
+        self._add("nvlink_samples", samples)
+
+    def add_mig(self, samples: Sequence[telemetry_pb2.MigSample]) -> None:
+        self._add("mig_samples", samples)
 
     def take(self) -> tuple[telemetry_pb2.SampleBatch, int] | None:
         """The open batch and its sample count (a new one is opened), or None when it is empty."""

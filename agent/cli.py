@@ -165,6 +165,13 @@ AGENT_OPTIONS = [
         "auth_retry", "pause after the collector refused the credentials or the agent's identity", parse_duration, 60.0
     ),
     Option("pcie_interval", "read each GPU's PCIe throughput this often (0: every sample)", parse_duration, 1.0),
+    Option(
+        "health_interval",
+        "read each GPU's health counters (ECC, row remapping, NVLink, GPM, MIG, processes) this often"
+        " (at least 1 s; 0: off)",
+        parse_duration,
+        1.0,
+    ),
     Option("hwmon_dir", "where the hwmon sensors are (sysfs)", Path, Path("/sys/class/hwmon"), metavar="DIR"),
     Option("check", "validate the configuration, print the effective settings and exit", is_flag=True, default=False),
     *_fleet_options(),

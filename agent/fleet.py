@@ -11,7 +11,9 @@ counter) from the samples the agent's sampling loop takes anyway, instead of ope
 time. The GPU sensor itself is used by the sampling thread only (its read buffers are not shared),
 so the adapter reads :attr:`Sampler.latest`, which that thread replaces (never changes) every tick.
 A probe's result is then computed from the very readings that are stored in InfluxDB, at the
-agent's ``--interval``.
+agent's ``--interval``. The GPUs' health is the sampler's own verdict, :attr:`Sampler.health`
+(``{index: (GpuHealth, reason)}``, likewise replaced, never changed, at once on an NVML event such as
+XID 79): the control plane republishes the presence when it changes and refuses probes on failed GPUs.
 
 This module imports the control plane (MQTT, cryptography) when it is imported: the agent imports
 it only with ``--broker``.
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 
 from gpuprobe.agent.sampler import Sampler
 from gpuprobe.control.agent_side import ControlClient, PresenceStatus
-from gpuprobe.control.gpus import Reading
+from gpuprobe.control.gpus import GpuHealthMap, Reading
 from gpuprobe.control.settings import ControlSettings
 from gpuprobe.v1 import common_pb2
 
@@ -55,6 +57,14 @@ class AgentGpus:
                 return Reading.from_sample(sample)
         # not sampled on the last tick (lost, or sampling has not started): nothing known
         return Reading.unknown()
+
+    def health(self) -> GpuHealthMap:
+        """The sampler's verdicts, the very object it holds (it replaces it on a change); empty while unknown."""
+        health = getattr(self._sampler, "health", None)
+        return health if isinstance(health, dict) else _UNKNOWN
+
+
+_UNKNOWN: GpuHealthMap = {}  # one object, so that pollers see no change
 
 
 class EmbeddedControl:

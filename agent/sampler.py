@@ -8,6 +8,18 @@ agent's wall clock (``time.time_ns()``), taken just before each GPU is read.
 PCIe throughput is read once per ``pcie_interval_s`` per GPU (on real GPUs each of the two reads
 measures for ~20 ms), spread over the ticks so that at most ``ceil(GPUs / ticks per interval)`` GPUs
 pay it on one tick; it is added to that GPU's sample of that tick.
+
+The health reads (``health_interval_s``, 1 s by default; 0: none) are spread the same way: GPU ``i``
+on the ticks ``n`` with ``n % k == i % k`` (``k`` ticks per health interval). They add the health
+counters, GPM and NVLink totals to that tick's sample, make the GPU's NVLink, MIG and process
+samples (a link's point when its error counters moved, else once a minute; the GPU's NVLink
+throughput totals are in every health sample), feed the health tracker (:mod:`gpuprobe.agent.health`) and put its verdict into the sample
+(``health``, ``health_reason``). The other ticks stay the plain hot path.
+
+GPU events reach :meth:`Sampler.gpu_event` from the events thread
+(:mod:`gpuprobe.agent.sensors.events`) and from the GPU sensor's lost / recovered hook: each goes into
+the open batch once and to the health tracker at once. :attr:`Sampler.health` is the tracker's
+``dict[int, tuple[int, str]]`` (GPU index -> ``GpuHealth`` value, reason), replaced, never changed.
 """
 
 from __future__ import annotations
@@ -19,10 +31,13 @@ import time
 from typing import Any
 
 from gpuprobe.agent.batcher import Batcher
+from gpuprobe.agent.health import HealthTracker, Verdict
 from gpuprobe.agent.metrics import Counters
 from gpuprobe.agent.sensors.acoustic import Microphone
+from gpuprobe.agent.sensors.events import lost_event
 from gpuprobe.agent.sensors.gpu import GpuSensor
 from gpuprobe.agent.sensors.host import HostSensor
+from gpuprobe.agent.sensors.processes import ProcessTracker
 from gpuprobe.agent.sensors.proxy import AcousticProxy
 from gpuprobe.agent.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
 from gpuprobe.v1 import telemetry_pb2
@@ -30,6 +45,8 @@ from gpuprobe.v1 import telemetry_pb2
 log = logging.getLogger(__name__)
 
 SLOW_INTERVAL_S = 1.0  # host and acoustics
+NVLINK_LINK_INTERVAL_S = 60.0  # a link's point when its error counters did not move
+NVLINK_ERROR_KEYS = ("crc_flit_errors", "crc_data_errors", "replay_errors", "recovery_errors")
 
 
 class Sampler:
@@ -43,6 +60,8 @@ class Sampler:
         proxy: AcousticProxy | None,
         mic: Microphone | None,
         pcie_interval_s: float = 1.0,
+        health_interval_s: float = 1.0,
+        processes: ProcessTracker | None = None,
     ) -> None:
         if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:
             raise ValueError(
@@ -57,6 +76,11 @@ class Sampler:
         self._proxy = proxy
         self._mic = mic
         self._pcie_every = max(1, round(pcie_interval_s / interval_s)) if pcie_interval_s > 0 else 1
+        # ticks per health interval (0: no health reads)
+        self._health_every = max(1, round(health_interval_s / interval_s)) if health_interval_s > 0 else 0
+        self._processes = processes if processes is not None else ProcessTracker()
+        self._nvlink_sent: dict[tuple[int, int], tuple[int, tuple[int | None, ...]]] = {}  # (GPU, link) -> time, errors
+        self.health_tracker = HealthTracker([i.index for i in gpus.infos] if gpus is not None else [])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuprobe-sampler", daemon=True)
         self.heartbeat_mono = time.monotonic()  # end of the last tick, for the watchdog
@@ -67,7 +91,23 @@ class Sampler:
         # embedded control plane reads power, temperature and energy from it, gpuprobe.agent.fleet)
         self.latest: list[dict[str, Any]] = []
 
+    @property
+    def health(self) -> dict[int, Verdict]:
+        """GPU index -> (``GpuHealth`` value, reason); a new dict whenever a verdict changes."""
+        return self.health_tracker.health
+
+    def gpu_event(self, event: telemetry_pb2.GpuEvent) -> None:
+        """One GPU event (any thread): into the open batch once, and to the health tracker at once."""
+        self._batcher.add_gpu_events([event])
+        self._counters.add(samples_taken=1)
+        self.health_tracker.event(event)
+
+    def _lost(self, index: int, lost: bool) -> None:
+        self.gpu_event(lost_event(index, lost))
+
     def start(self) -> None:
+        if self._gpus is not None:
+            self._gpus.set_lost_hook(self._lost)
         self._thread.start()
 
     def stop(self) -> None:
@@ -125,10 +165,55 @@ class Sampler:
         if gpus is None:
             return []
         samples = gpus.read_all(self._pcie_every, n % self._pcie_every)
+        every = self._health_every
+        if every:
+            slot = n % every
+            for sample in samples:
+                if sample["gpu_index"] % every == slot:
+                    self._health(gpus, sample)
         self._batcher.add_gpu(samples)
         self._taken += len(samples)
         self.latest = samples
         return samples
+
+    def _health(self, gpus: GpuSensor, sample: dict[str, Any]) -> None:
+        """The health interval's reads of one GPU, into its sample of this tick and the batch."""
+        index = sample["gpu_index"]
+        extras = gpus.read_health(index, sample)
+        if extras is None:
+            return  # lost during the reads: the sample goes out as it was read
+        t_ns = sample["time_unix_ns"]
+        nvlinks: list[telemetry_pb2.NvLinkSample] = []
+        nvlink_errors: int | None = None
+        for r in extras.nvlinks:
+            errors = tuple(r.values.get(key) for key in NVLINK_ERROR_KEYS)
+            for count in errors[:3]:  # CRC flit, CRC data, replay: what the health rule watches
+                if count is not None:
+                    nvlink_errors = (nvlink_errors or 0) + count
+            if self._nvlink_due(index, r.values["link"], errors, t_ns):
+                nvlinks.append(telemetry_pb2.NvLinkSample(**r.values))
+        migs = [telemetry_pb2.MigSample(**r.values) for r in extras.migs]
+        procs = gpus.read_processes(index)
+        utilization = gpus.read_process_utilization(index) if procs else {}
+        points = self._processes.update(index, t_ns, procs, utilization, sample.get("energy_j"))
+        self._batcher.add_nvlink(nvlinks)
+        self._batcher.add_mig(migs)
+        self._batcher.add_processes(points)
+        self._taken += len(nvlinks) + len(migs) + len(points)
+        health, reason = self.health_tracker.observe(index, sample, nvlink_errors)
+        sample["health"] = health
+        sample["health_reason"] = reason
+
+    def _nvlink_due(self, index: int, link: int, errors: tuple[int | None, ...], t_ns: int) -> bool:
+        """Whether one link's point goes out: at once when its error counters moved, else once per
+        ``NVLINK_LINK_INTERVAL_S``. An SXM H100 has 18 links: a point per link per second would be more
+        than twice the GPU's own points, for counters that almost never move (the GPU's totals of the
+        throughput travel in its ``gpu`` points every health interval)."""
+        last = self._nvlink_sent.get((index, link))
+        if last is not None and last[1] == errors and t_ns - last[0] < NVLINK_LINK_INTERVAL_S * 1e9:
+            return False
+        self._nvlink_sent[(index, link)] = (t_ns, errors)
+        return True
 
     def _slow(self, latest: list[dict[str, Any]]) -> None:
         t_ns = time.time_ns()

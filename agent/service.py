@@ -1,6 +1,7 @@
 """The agent process: wires sensors -> sampler -> batcher -> spool -> uplink, and speaks to systemd.
 
-Threads: the sampler (its own thread, the hot path), the spool (one executor thread, SQLite), an
+Threads: the sampler (its own thread, the hot path), the GPU events thread (NVML's event set:
+XIDs, ECC; started and stopped with the sampler), the spool (one executor thread, SQLite), an
 optional microphone reader and the Prometheus endpoint; everything else (flushing batches, the gRPC
 stream, the trainer socket, sd_notify) runs in one asyncio event loop.
 
@@ -35,6 +36,7 @@ from gpuprobe.agent.batcher import Batcher
 from gpuprobe.agent.metrics import Counters, serve_metrics
 from gpuprobe.agent.sampler import Sampler
 from gpuprobe.agent.sensors.acoustic import Microphone
+from gpuprobe.agent.sensors.events import EVENT_TYPES, EventThread
 from gpuprobe.agent.sensors.gpu import GpuSensor, GpuSensorError
 from gpuprobe.agent.sensors.host import HostSensor
 from gpuprobe.agent.sensors.proxy import AcousticProxy
@@ -79,6 +81,7 @@ class Agent:
         self._flush_lock = asyncio.Lock()
         self._spool_failing_since: float | None = None
         self._last_spool_error_log = 0.0
+        self.events: EventThread | None = None
 
     def run(self) -> int:
         return asyncio.run(self._main())
@@ -132,6 +135,10 @@ class Agent:
 
         sampler.start()
         parts.callback(sampler.stop)
+        events = self._start_events(gpus, sampler)
+        if events is not None:
+            parts.callback(events.join, 2.0)
+            parts.callback(events.stop)
         self.uplink.start()
         parts.push_async_callback(self.uplink.stop)
         tasks = [
@@ -226,7 +233,20 @@ class Agent:
             AcousticProxy(s.proxy, self.infos),
             mic,
             s.pcie_interval_s,
+            s.health_interval_s,
         )
+
+    def _start_events(self, gpus: GpuSensor | None, sampler: Sampler) -> EventThread | None:
+        """NVML's GPU events (XID, ECC, clocks, power source) in their own thread, into the sampler."""
+        if gpus is None or not self.settings.health_interval_s:
+            return None
+        source = gpus.open_events(EVENT_TYPES)
+        if source is None:
+            return None
+        events = EventThread(source, sampler.gpu_event)
+        events.start()
+        self.events = events
+        return events
 
     async def _start_trainer_input(self) -> TrainerInput | None:
         path = self.settings.trainer_socket
@@ -272,6 +292,10 @@ class Agent:
             await control.stop()
         log.info("stopping: sampling ends; delivering spooled batches for up to %g s", s.grace_s)
         sampler.stop()
+        events = self.events
+        if events is not None:
+            events.stop()  # its last events go into the last batch
+            await loop.run_in_executor(None, events.join, 2.0)
         await loop.run_in_executor(None, sampler.join, 5.0)
         if mic is not None:
             mic.stop()

@@ -91,6 +91,7 @@ class AgentSettings:
     proxy: ProxyParams
     pcie_interval_s: float
     hwmon_dir: Path
+    health_interval_s: float = 1.0  # 0: no health reads (ECC, NVLink, GPM, MIG, processes)
     control: ControlSettings | None = None  # --broker: the embedded control plane (gpuprobe.agent.fleet)
 
     @classmethod
@@ -130,6 +131,7 @@ class AgentSettings:
             ),
             pcie_interval_s=float(v["pcie_interval"]),
             hwmon_dir=Path(v["hwmon_dir"]),
+            health_interval_s=float(v["health_interval"]),
             control=control,
         )
 
@@ -143,7 +145,8 @@ class AgentSettings:
             f"identity         agent_id={i.agent_id} host={i.host} cluster={i.cluster or '-'} cloud={i.cloud or '-'}"
             f" instance_type={i.instance_type or '-'} region={i.region or '-'}",
             f"sampling         every {self.interval_s:g} s ({1 / self.interval_s:g} Hz); host and acoustics every 1 s;"
-            f" PCIe every {self.pcie_interval_s:g} s",
+            f" PCIe every {self.pcie_interval_s:g} s;"
+            f" health {f'every {self.health_interval_s:g} s' if self.health_interval_s else 'off'}",
             f"batches          <= {self.batch_max_samples} samples or {self.flush_interval_s:g} s",
             f"spool            {self.spool_dir} (cap {self.spool_max_bytes} bytes"
             f"{f', {self.spool_max_age_s:g} s' if self.spool_max_age_s else ''};"
@@ -196,6 +199,10 @@ def _check_ranges(v: dict[str, Any]) -> None:
     _need(v["proxy_air_rise_c"] > 0, "--proxy-air-rise-c must be positive")
     _need(v["proxy_chassis_airflow_m3_per_s"] > 0, "--proxy-chassis-airflow-m3-per-s must be positive")
     _need(0 < v["proxy_chassis_min_pct"] <= 100, "--proxy-chassis-min-pct must be in (0, 100]")
+    _need(
+        v["health_interval"] == 0 or v["health_interval"] >= 1,
+        f"--health-interval must be at least 1 s (0: off), not {v['health_interval']:g}",
+    )
 
 
 def _identity(v: dict[str, Any]) -> common_pb2.AgentIdentity:

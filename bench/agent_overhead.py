@@ -5,7 +5,8 @@ started together, each in the machine's environment:
 
 - ``gpuprobe agent`` at the rate, streaming to the test receiver (``tests/agent/receiver.py``, a
   real gRPC server in its own process, not measured) with its spool on local disk: everything the
-  agent does (host sensor, acoustic proxy, batching, SQLite spool with fsync, gRPC) is in its figure;
+  agent does (host sensor, acoustic proxy, health reads every second (ECC, NVLink, GPM, processes)
+  and the GPU events thread, batching, SQLite spool with fsync, gRPC) is in its figure;
 - gpustat: ``gpustat.new_query()`` in a loop at the rate, touching every field it reports. A query
   sleeps 0.1 s per GPU (gpustat measures its processes' CPU use), so with 8 GPUs it completes only
   about 1.2 queries per second: it polls back to back and its CPU is divided by the polls it made;
@@ -22,7 +23,7 @@ via psutil) and RSS (sampled every 0.5 s; peak from ``VmHWM``) are measured over
 agent's GPU-samples are counted at the receiver (samples stamped inside the window); a peer's are its
 completed polls in the window times the GPU count. Usage::
 
-    python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--rate-hz 10] [--warmup 5]
+    python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--rate-hz 10] [--warmup 5] [--health-interval 1]
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--rate-hz", type=float, default=10.0)
     parser.add_argument("--profile", default="H100-SXM5-80GB")
+    parser.add_argument(
+        "--health-interval", type=float, default=1.0, help="the agent's --health-interval (s; 0: no health reads)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
@@ -194,6 +198,8 @@ def start_processes(
                     str(out / "spool"),
                     "--interval",
                     str(1 / args.rate_hz),
+                    "--health-interval",  # 1 s (the default): the health reads are part of the figure
+                    f"{args.health_interval:g}",
                 ],
                 env=env,
                 stdout=agent_log,

@@ -31,11 +31,47 @@ pcie_tx_bytes_per_s,   nvmlDeviceGetPcieThroughput (TX, RX), on its own     KB/s
 pcie_rx_bytes_per_s    slower schedule (:meth:`GpuSensor.read_pcie`)
 =====================  ===================================================  ==========================
 
+The slow reads of the health interval (:meth:`GpuSensor.read_health`, once per ``--health-interval``
+per GPU, spread over the ticks like PCIe) use pynvml's ordinary wrappers; their keys are added to the
+same sample:
+
+=====================================  ===========================================  ====================
+sample key                             NVML source                                  unit conversion
+=====================================  ===========================================  ====================
+ecc_{corrected,uncorrected}_           nvmlDeviceGetTotalEccErrors (corrected /     count
+{volatile,aggregate}                   uncorrected x volatile / aggregate)
+retired_pages_sbe, retired_pages_dbe   nvmlDeviceGetRetiredPages (multiple SBE,     pages
+                                       DBE): the number of pages
+retired_pages_pending                  nvmlDeviceGetRetiredPagesPendingStatus       bool
+remapped_rows_{correctable,            nvmlDeviceGetRemappedRows                    rows, bool
+uncorrectable}, remap_pending,
+remap_failure
+pcie_replay_count                      nvmlDeviceGetPcieReplayCounter               count
+{power,thermal,sync_boost}_            nvmlDeviceGetViolationStatus (POWER,         ns / 1000
+violation_us                           THERMAL, SYNC_BOOST).violationTime
+fan_rpm                                nvmlDeviceGetFanSpeedRPM, mean over fans     RPM
+sm_active_pct, sm_occupancy_pct,       NVML GPM between the previous and this       %
+tensor_active_pct, dram_bw_util_pct,   interval's nvmlGpmSampleGet: SM_UTIL,
+fp16/fp32/fp64_active_pct              SM_OCCUPANCY, ANY_TENSOR_UTIL, DRAM_BW_UTIL,
+                                       FP16/FP32/FP64_UTIL (Hopper and newer)
+nvlink_tx/rx_bytes_per_s               fields 138/139 NVLINK_THROUGHPUT_DATA_TX/RX  KiB delta * 1024 / s
+                                       per active link, summed (per link:
+                                       ``NvLinkSample`` with the error counters of
+                                       nvmlDeviceGetNvLinkErrorCounter)
+=====================================  ===========================================  ====================
+
+MIG GPU instances (:class:`MigRead`, MIG-enabled GPUs only), the compute processes
+(:meth:`GpuSensor.read_processes`, :meth:`GpuSensor.read_process_utilization`) and NVML's event set
+(:class:`EventSource`, waited on by :mod:`gpuprobe.agent.sensors.events` in its own thread) are read
+here too, so that this stays the one module that imports pynvml. ``GpuInfo.mig_enabled`` and
+``GpuInfo.gpm_supported`` are static facts.
+
 Errors are translated here, once:
 
 - ``NOT_SUPPORTED`` (or a missing function): the field is absent from every later sample of that GPU
   (never a fake zero) and the fact is logged once per GPU and field.
-- ``GPU_IS_LOST``: the GPU yields no samples and is logged as lost; it is retried once per
+- ``GPU_IS_LOST``: the GPU yields no samples and is logged as lost (and :attr:`GpuSensor.on_lost`
+  is told, as it is when the GPU answers again); it is retried once per
   ``lost_retry_s`` and logged again when it answers, and its static facts are read again then (an
   outage can have hidden some; :attr:`GpuSensor.infos` shows the new ones). A GPU that is already
   lost when the sensor opens is kept as *not yet known*: it is in no ``infos`` and yields no samples
@@ -69,11 +105,32 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_TIMEOUT = 10
 
 FIELD_MEMORY_TEMP = 82
 FIELD_TOTAL_ENERGY_CONSUMPTION = 83
 FIELD_POWER_INSTANT = 186
 FIELD_POWER_CURRENT_LIMIT = 190
+FIELD_NVLINK_TX_KIB = 138  # NVLINK_THROUGHPUT_DATA_TX, per link (scope), KiB since the driver loaded
+FIELD_NVLINK_RX_KIB = 139
+
+NVLINK_ERROR_COUNTERS = (  # NvLinkSample key, nvmlNvLinkErrorCounter_t
+    ("replay_errors", 0),
+    ("recovery_errors", 1),
+    ("crc_flit_errors", 2),
+    ("crc_data_errors", 3),
+)
+
+GPM_METRICS = (  # GpuSample key, nvmlGpmMetricId_t
+    ("sm_active_pct", 2),  # SM_UTIL
+    ("sm_occupancy_pct", 3),  # SM_OCCUPANCY
+    ("tensor_active_pct", 5),  # ANY_TENSOR_UTIL (HMMA, IMMA or DFMA pipes: what dcgm calls PIPE_TENSOR_ACTIVE)
+    ("dram_bw_util_pct", 10),  # DRAM_BW_UTIL
+    ("fp64_active_pct", 11),
+    ("fp32_active_pct", 12),
+    ("fp16_active_pct", 13),
+)
 
 ARCHITECTURES = {
     2: "kepler",
@@ -159,6 +216,62 @@ class _Call:
         self.store = namespace["store"]
 
 
+# nvmlDeviceGetNvLinkState, nvmlDeviceGetNvLinkErrorCounter, and per link: (link, state call's
+# arguments, state buffer, [(NvLinkSample key, error counter call's arguments, buffer)])
+_NvLinkCalls = tuple[Any, Any, list[tuple[int, tuple[Any, ...], Any, list[tuple[str, tuple[Any, ...], Any]]]]]
+
+
+@dataclass
+class _SlowState:
+    """What the health reads keep per GPU between intervals."""
+
+    nvlinks: list[int] | None = None  # the links NVML answers for (None: not discovered yet)
+    nvlink_prev: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # link -> tx KiB, rx KiB, s
+    gpm_samples: list[Any] = field(default_factory=list)  # two GPM sample buffers, used in turn
+    gpm_current: int = -1  # which buffer holds the last sample (-1: none yet)
+    process_seen_us: int = 0  # the newest process utilization sample's timestamp
+    nvlink_calls: _NvLinkCalls | None = None
+    nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, for nvmlDeviceGetFieldValues
+
+
+@dataclass(frozen=True)
+class NvLinkRead:
+    """One active NVLink's reading: ``NvLinkSample`` keyword arguments."""
+
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class MigRead:
+    """One MIG GPU instance: ``MigSample`` keyword arguments."""
+
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HealthExtras:
+    """What a health read yields beside the sample's own keys."""
+
+    nvlinks: list[NvLinkRead]
+    migs: list[MigRead]
+
+
+@dataclass(frozen=True)
+class ProcessRead:
+    pid: int
+    used_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class RawEvent:
+    """One event of NVML's event set: the GPU's index, NVML's event type bit and data."""
+
+    gpu_index: int
+    event_type: int
+    data: int
+    gpu_instance_id: int | None
+
+
 @dataclass
 class _Gpu:
     index: int
@@ -176,6 +289,7 @@ class _Gpu:
     lost: bool = False
     retry_at: float = 0.0
     known: bool = True  # False: lost when the sensor opened, its static facts not read yet
+    slow: _SlowState = field(default_factory=lambda: _SlowState())
 
     @property
     def label(self) -> str:
@@ -194,6 +308,25 @@ class GpuSensor:
         self._lost_retry_s = lost_retry_s
         self.read_errors = 0  # NVML errors other than "not supported" (the sampler reads the total)
         self._fv = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+        self._by_index = {g.index: g for g in gpus}
+        # told (index, lost) when a GPU stops answering (GPU_IS_LOST) and when it answers again; called
+        # in the thread that reads (the sampler's); set it with set_lost_hook
+        self.on_lost: Callable[[int, bool], None] | None = None
+
+    def set_lost_hook(self, hook: Callable[[int, bool], None]) -> None:
+        """``hook(index, lost)`` on every change from now on, and at once for the GPUs lost already."""
+        self.on_lost = hook
+        for gpu in self._gpus:
+            if gpu.lost:
+                hook(gpu.index, True)
+
+    def _tell(self, gpu: _Gpu, lost: bool) -> None:
+        hook = self.on_lost
+        if hook is not None:
+            try:
+                hook(gpu.index, lost)
+            except Exception:  # a hook's failure must not stop sampling
+                log.exception("the lost-GPU hook failed")
 
     # ------------------------------------------------------------------ opening
 
@@ -265,6 +398,7 @@ class GpuSensor:
         self._probe(gpu)
         self.read_errors = errors  # the probe forgets errors; the other GPUs' count stays
         log.warning("%s answers: sampling it begins", gpu.label)
+        self._tell(gpu, False)
         return True
 
     def _refresh_info(self, gpu: _Gpu) -> None:
@@ -460,6 +594,7 @@ class GpuSensor:
                 gpu.label,
                 what,
             )
+            self._tell(gpu, True)
 
     def _error(self, gpu: _Gpu, key: str, code: int) -> None:
         self.read_errors += 1
@@ -564,6 +699,9 @@ class GpuSensor:
             gpu.lost = False
             log.warning("%s answers again; sampling it resumes", gpu.label)
             self._refresh_info(gpu)
+            gpu.slow.gpm_current = -1  # interval reads start afresh after an outage
+            gpu.slow.nvlink_prev.clear()
+            self._tell(gpu, False)
         return sample
 
     def _read_pcie(self, gpu: _Gpu, sample: Sample, probing: bool = False) -> None:
@@ -580,6 +718,403 @@ class GpuSensor:
                 self._error(gpu, call.key, rc)
         if probing:
             gpu.pcie_calls = [c for c in gpu.pcie_calls if c.key not in gpu.unsupported]
+
+    # ------------------------------------------------------------------ the health interval (slow reads)
+
+    def _slow_call(self, gpu: _Gpu, key: str, function: Callable[..., Any], *args: Any) -> Any | None:
+        """``function(*args)`` with the sensor's error translation; None when there is no value.
+
+        NOT_SUPPORTED or a missing function: ``key`` is absent from then on for this GPU (logged once);
+        GPU_IS_LOST: the GPU is lost (check ``gpu.lost``); anything else: counted, logged once.
+        """
+        if key in gpu.unsupported:
+            return None
+        try:
+            return function(*args)
+        except pynvml.NVMLError as e:
+            code = int(e.value)
+            if code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                self._unsupported(gpu, key, getattr(function, "__name__", "NVML"), code)
+            elif code == NVML_ERROR_GPU_IS_LOST:
+                self._lose(gpu, key)
+            else:
+                self._error(gpu, key, code)
+            return None
+
+    def read_health(self, index: int, sample: Sample) -> HealthExtras | None:
+        """The health interval's reads of GPU ``index``, added to ``sample`` (its tick's sample).
+
+        None when the GPU is lost (also when it is lost during these reads). Called by the sampler
+        thread only, like :meth:`read_all`.
+        """
+        gpu = self._by_index.get(index)
+        if gpu is None or gpu.lost or not gpu.known:
+            return None
+        h = gpu.handle
+        call = self._slow_call
+        # logged (and left out) per group: a part without ECC says so once, not four times
+        for key, group, error_type, counter_type in (
+            ("ecc_corrected_volatile", "ecc_volatile", 0, 0),
+            ("ecc_uncorrected_volatile", "ecc_volatile", 1, 0),
+            ("ecc_corrected_aggregate", "ecc_aggregate", 0, 1),
+            ("ecc_uncorrected_aggregate", "ecc_aggregate", 1, 1),
+        ):
+            value = call(gpu, group, pynvml.nvmlDeviceGetTotalEccErrors, h, error_type, counter_type)
+            if value is not None:
+                sample[key] = int(value)
+        for key, cause in (("retired_pages_sbe", 0), ("retired_pages_dbe", 1)):
+            pages = call(gpu, "retired_pages", pynvml.nvmlDeviceGetRetiredPages, h, cause)
+            if pages is not None:
+                sample[key] = len(pages)
+        pending = call(gpu, "retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        if pending is not None:
+            sample["retired_pages_pending"] = bool(pending)
+        rows = call(gpu, "remapped_rows", pynvml.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            sample["remapped_rows_correctable"] = int(rows[0])
+            sample["remapped_rows_uncorrectable"] = int(rows[1])
+            sample["remap_pending"] = bool(rows[2])
+            sample["remap_failure"] = bool(rows[3])
+        replay = call(gpu, "pcie_replay_count", pynvml.nvmlDeviceGetPcieReplayCounter, h)
+        if replay is not None:
+            sample["pcie_replay_count"] = int(replay)
+        for key, policy in (
+            ("power_violation_us", pynvml.NVML_PERF_POLICY_POWER),
+            ("thermal_violation_us", pynvml.NVML_PERF_POLICY_THERMAL),
+            ("sync_boost_violation_us", pynvml.NVML_PERF_POLICY_SYNC_BOOST),
+        ):
+            violation = call(gpu, key, pynvml.nvmlDeviceGetViolationStatus, h, policy)
+            if violation is not None:
+                sample[key] = int(violation.violationTime) // 1000  # NVML: ns
+        fans = gpu.info.fan_count if gpu.info.HasField("fan_count") else 0
+        if fans:
+            rpm: list[int] = []
+            for fan in range(fans):
+                value = call(gpu, "fan_rpm", _fan_rpm, h, fan)
+                if value is None:
+                    break
+                rpm.append(int(value))
+            else:
+                sample["fan_rpm"] = sum(rpm) / len(rpm)
+        if gpu.lost:
+            return None
+        nvlinks = self._read_nvlinks(gpu, sample)
+        if gpu.info.gpm_supported:
+            self._read_gpm(gpu, sample)
+        migs = self._read_migs(gpu, sample["time_unix_ns"]) if gpu.info.mig_enabled else []
+        if gpu.lost:
+            return None
+        return HealthExtras(nvlinks, migs)
+
+    def _read_nvlinks(self, gpu: _Gpu, sample: Sample) -> list[NvLinkRead]:
+        slow = gpu.slow
+        h = gpu.handle
+        if "nvlink" in gpu.unsupported:
+            return []
+        if slow.nvlinks is None:
+            links: list[int] = []
+            code = NVML_ERROR_NOT_SUPPORTED
+            for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+                try:
+                    pynvml.nvmlDeviceGetNvLinkState(h, link)
+                except pynvml.NVMLError as e:
+                    code = int(e.value)
+                    if code == NVML_ERROR_GPU_IS_LOST:
+                        self._lose(gpu, "nvlink")
+                        return []
+                    continue
+                links.append(link)
+            if not links:
+                self._unsupported(gpu, "nvlink", "nvmlDeviceGetNvLinkState", code)
+                return []
+            slow.nvlinks = links
+            slow.nvlink_calls = self._nvlink_calls(h, links)
+            slow.nvlink_fields = (pynvml.c_nvmlFieldValue_t * (2 * len(links)))()
+            for i, link in enumerate(links):
+                for j, field_id in enumerate((FIELD_NVLINK_TX_KIB, FIELD_NVLINK_RX_KIB)):
+                    slow.nvlink_fields[2 * i + j].fieldId = field_id
+                    slow.nvlink_fields[2 * i + j].scopeId = link
+        if slow.nvlink_calls is None:
+            return []
+        state_fn, error_fn, per_link = slow.nvlink_calls
+        active: list[int] = []
+        for link, state_args, state, _ in per_link:
+            rc = state_fn(*state_args)
+            if rc == NVML_SUCCESS:
+                if state.value == 1:
+                    active.append(link)
+            elif rc == NVML_ERROR_GPU_IS_LOST:
+                self._lose(gpu, "nvlink_state")
+                return []
+            else:
+                self._error(gpu, "nvlink_state", rc)
+        if gpu.lost or not active:
+            return []
+        t_ns = sample["time_unix_ns"]
+        out: list[NvLinkRead] = []
+        rates: dict[int, tuple[float, float]] = {}
+        if "nvlink_throughput" not in gpu.unsupported:
+            array = slow.nvlink_fields
+            count = len(per_link) * 2
+            rc = self._fv(h, count, array)
+            if rc == NVML_ERROR_GPU_IS_LOST:
+                self._lose(gpu, "nvlink_throughput")
+                return []
+            if rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                self._unsupported(gpu, "nvlink_throughput", "nvmlDeviceGetFieldValues", rc)
+            elif rc:
+                self._error(gpu, "nvlink_throughput", rc)
+            else:
+                now_s = t_ns / 1e9
+                for i, (link, _, _, _) in enumerate(per_link):
+                    if link not in active:
+                        continue
+                    tx, rx = array[2 * i], array[2 * i + 1]
+                    if tx.nvmlReturn or rx.nvmlReturn:
+                        continue
+                    tx_kib, rx_kib = int(_field_value(tx)), int(_field_value(rx))
+                    prev = slow.nvlink_prev.get(link)
+                    slow.nvlink_prev[link] = (tx_kib, rx_kib, now_s)
+                    if prev is not None and now_s > prev[2] and tx_kib >= prev[0] and rx_kib >= prev[1]:
+                        dt = now_s - prev[2]
+                        rates[link] = ((tx_kib - prev[0]) * 1024 / dt, (rx_kib - prev[1]) * 1024 / dt)
+        errors_read = "nvlink_errors" not in gpu.unsupported
+        for link, _, _, counters in per_link:
+            if link not in active:
+                continue
+            values_: dict[str, Any] = {"time_unix_ns": t_ns, "gpu_index": gpu.index, "link": link}
+            if link in rates:
+                values_["tx_bytes_per_s"], values_["rx_bytes_per_s"] = rates[link]
+            if errors_read:
+                for key, args, buffer in counters:
+                    rc = error_fn(*args)
+                    if rc == NVML_SUCCESS:
+                        values_[key] = int(buffer.value)
+                    elif rc == NVML_ERROR_GPU_IS_LOST:
+                        self._lose(gpu, "nvlink_errors")
+                        return []
+                    elif rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                        self._unsupported(gpu, "nvlink_errors", "nvmlDeviceGetNvLinkErrorCounter", rc)
+                        errors_read = False
+                        break
+                    else:
+                        self._error(gpu, "nvlink_errors", rc)
+            out.append(NvLinkRead(values_))
+        if rates:
+            sample["nvlink_tx_bytes_per_s"] = sum(r[0] for r in rates.values())
+            sample["nvlink_rx_bytes_per_s"] = sum(r[1] for r in rates.values())
+        return out
+
+    def _nvlink_calls(self, h: Any, links: list[int]) -> _NvLinkCalls | None:
+        """The NVML C functions and argument buffers of the per-link reads (about 5 per link per
+        interval: called directly, as the hot path does, not through pynvml's wrappers)."""
+        state_fn = self._function("nvmlDeviceGetNvLinkState")
+        error_fn = self._function("nvmlDeviceGetNvLinkErrorCounter")
+        if state_fn is None:
+            return None
+        if error_fn is None:
+            error_fn = _missing_function
+        per_link: list[tuple[int, tuple[Any, ...], Any, list[tuple[str, tuple[Any, ...], Any]]]] = []
+        for link in links:
+            state = ctypes.c_uint()
+            counters = []
+            for key, counter in NVLINK_ERROR_COUNTERS:
+                value = ctypes.c_ulonglong()
+                counters.append((key, (h, ctypes.c_uint(link), ctypes.c_int(counter), ctypes.byref(value)), value))
+            per_link.append((link, (h, ctypes.c_uint(link), ctypes.byref(state)), state, counters))
+        return state_fn, error_fn, per_link
+
+    def _read_gpm(self, gpu: _Gpu, sample: Sample) -> None:
+        slow = gpu.slow
+        if "gpm" in gpu.unsupported:
+            return
+        if not slow.gpm_samples:
+            allocated = [self._slow_call(gpu, "gpm", pynvml.nvmlGpmSampleAlloc) for _ in range(2)]
+            if any(a is None for a in allocated):
+                return
+            slow.gpm_samples = allocated
+        nxt = 0 if slow.gpm_current != 0 else 1
+        if self._slow_call(gpu, "gpm", pynvml.nvmlGpmSampleGet, gpu.handle, slow.gpm_samples[nxt]) is None:
+            slow.gpm_current = -1
+            return
+        previous, slow.gpm_current = slow.gpm_current, nxt
+        if previous < 0:
+            return
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRICS)
+        request.sample1 = slow.gpm_samples[previous]
+        request.sample2 = slow.gpm_samples[nxt]
+        for i, (_, metric) in enumerate(GPM_METRICS):
+            request.metrics[i].metricId = metric
+        if self._slow_call(gpu, "gpm", pynvml.nvmlGpmMetricsGet, request) is None:
+            return
+        for i, (key, _) in enumerate(GPM_METRICS):
+            m = request.metrics[i]
+            if m.nvmlReturn == NVML_SUCCESS:
+                sample[key] = float(m.value)
+
+    def _read_migs(self, gpu: _Gpu, t_ns: int) -> list[MigRead]:
+        count = self._slow_call(gpu, "mig", pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)
+        if not count:
+            return []
+        instances: dict[int, dict[str, Any]] = {}
+        for i in range(int(count)):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, i)
+                gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
+            except pynvml.NVMLError as e:
+                if int(e.value) == NVML_ERROR_GPU_IS_LOST:
+                    self._lose(gpu, "mig")
+                    return []
+                continue  # NOT_FOUND: no MIG device in this slot
+            attributes = _optional(functools.partial(pynvml.nvmlDeviceGetAttributes, mig))
+            sms = int(attributes.multiprocessorCount) if attributes is not None else None
+            values = instances.get(gi)
+            if values is not None:  # another compute instance of the same GPU instance
+                if sms is not None and "multiprocessor_count" in values:
+                    values["multiprocessor_count"] += sms
+                continue
+            values = {"time_unix_ns": t_ns, "gpu_index": gpu.index, "gpu_instance_id": gi}
+            uuid = _optional(functools.partial(pynvml.nvmlDeviceGetUUID, mig))
+            values["mig_uuid"] = _text(uuid) if uuid is not None else ""
+            name = _optional(functools.partial(pynvml.nvmlDeviceGetName, mig))
+            values["name"] = _text(name) if name is not None else ""
+            memory = _optional(functools.partial(pynvml.nvmlDeviceGetMemoryInfo, mig))
+            if memory is not None:
+                values["mem_used_bytes"] = int(memory.used)
+                values["mem_total_bytes"] = int(memory.total)
+            if sms is not None:
+                values["multiprocessor_count"] = sms
+            instances[gi] = values
+        return [MigRead(v) for _, v in sorted(instances.items())]
+
+    def read_processes(self, index: int) -> list[ProcessRead] | None:
+        """The compute processes on GPU ``index``; None when unknown (lost, unsupported, an error)."""
+        gpu = self._by_index.get(index)
+        if gpu is None or gpu.lost or not gpu.known:
+            return None
+        procs = self._slow_call(gpu, "processes", pynvml.nvmlDeviceGetComputeRunningProcesses, gpu.handle)
+        if procs is None:
+            return None
+        return [ProcessRead(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs]
+
+    def read_process_utilization(self, index: int) -> dict[int, tuple[float, float]]:
+        """pid -> (SM %, memory %) over the samples NVML took since the last call (mean per pid)."""
+        gpu = self._by_index.get(index)
+        if gpu is None or gpu.lost or not gpu.known or "process_utilization" in gpu.unsupported:
+            return {}
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(gpu.handle, gpu.slow.process_seen_us)
+        except pynvml.NVMLError as e:
+            code = int(e.value)
+            if code in (NVML_SUCCESS, NVML_ERROR_NOT_FOUND):
+                return {}  # no samples in the window
+            self._slow_call(gpu, "process_utilization", _raise, code)
+            return {}
+        sums: dict[int, list[float]] = {}
+        for p in samples:
+            acc = sums.setdefault(int(p.pid), [0.0, 0.0, 0])
+            acc[0] += float(p.smUtil)
+            acc[1] += float(p.memUtil)
+            acc[2] += 1
+            gpu.slow.process_seen_us = max(gpu.slow.process_seen_us, int(p.timeStamp))
+        return {pid: (a[0] / a[2], a[1] / a[2]) for pid, a in sums.items()}
+
+    def open_events(self, event_types: int) -> EventSource | None:
+        """An NVML event set with ``event_types`` (a mask) registered on every known GPU, as far as
+        each supports them; None when no GPU supports any of them (or NVML has no event sets)."""
+        try:
+            event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as e:
+            log.info("NVML events are not available (%s): no XID or ECC events", e)
+            return None
+        handles: dict[int, int] = {}
+        for gpu in self._gpus:
+            if not gpu.known or gpu.lost:
+                continue  # not registered: its outage is seen by the sampler (LOST / RECOVERED)
+            try:
+                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(gpu.handle)) & event_types
+            except pynvml.NVMLError as e:
+                log.info("%s: NVML events are not supported (%s)", gpu.label, e)
+                continue
+            registered = 0
+            for bit in (1 << b for b in range(64) if supported >> b & 1):
+                try:
+                    pynvml.nvmlDeviceRegisterEvents(gpu.handle, bit, event_set)
+                    registered |= bit
+                except pynvml.NVMLError as e:
+                    log.info("%s: cannot register NVML event 0x%x (%s)", gpu.label, bit, e)
+            if registered:
+                handles[_address(gpu.handle)] = gpu.index
+                log.info("%s: NVML events 0x%x registered", gpu.label, registered)
+        if not handles:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlEventSetFree(event_set)
+            return None
+        mig = {g.index for g in self._gpus if g.info.mig_enabled}
+        return EventSource(event_set, handles, mig)
+
+
+class EventSource:
+    """An NVML event set; :meth:`wait` runs in the events thread (NVML is thread safe)."""
+
+    def __init__(self, event_set: Any, handles: dict[int, int], mig_gpus: set[int]) -> None:
+        self._set = event_set
+        self._handles = handles  # device handle address -> index
+        self._mig_gpus = mig_gpus
+        self.gpus = sorted(handles.values())
+        self._logged: set[int] = set()
+
+    def wait(self, timeout_ms: int) -> RawEvent | None:
+        """The next event, or None when none came within ``timeout_ms`` (or the wait failed)."""
+        try:
+            data = pynvml.nvmlEventSetWait_v2(self._set, timeout_ms)
+        except pynvml.NVMLError as e:
+            code = int(e.value)
+            if code != NVML_ERROR_TIMEOUT:
+                if code not in self._logged:
+                    self._logged.add(code)
+                    log.warning("waiting for NVML events failed (%s); waiting goes on", e)
+                time.sleep(timeout_ms / 1000)  # no busy loop on a failing wait
+            return None
+        index = self._handles.get(_address(data.device))
+        if index is None:
+            return None
+        gi = int(data.gpuInstanceId)
+        return RawEvent(
+            index,
+            int(data.eventType),
+            int(data.eventData),
+            gi if index in self._mig_gpus and gi != 0xFFFFFFFF else None,
+        )
+
+    def close(self) -> None:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlEventSetFree(self._set)
+
+
+def _address(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+def _missing_function(*_args: Any) -> int:
+    return NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+def _raise(code: int) -> None:
+    raise pynvml.NVMLError(code)
+
+
+def _fan_rpm(handle: Any, fan: int) -> int:
+    """nvmlDeviceGetFanSpeedRPM of one fan (pynvml's wrapper reads fan 0 only)."""
+    info = pynvml.c_nvmlFanSpeedInfo_t()
+    info.version = pynvml.nvmlFanSpeedInfo_v1
+    info.fan = fan
+    rc = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFanSpeedRPM")(handle, ctypes.byref(info))
+    if rc:
+        raise pynvml.NVMLError(rc)
+    return int(info.speed)
 
 
 def _text(value: str | bytes) -> str:
@@ -638,6 +1173,12 @@ def _static_info(index: int, handle: Any, driver_version: str) -> common_pb2.Gpu
     pcie_width = _optional(lambda: pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle))
     if pcie_width is not None:
         info.pcie_width_max = int(pcie_width)
+    mig = _optional(lambda: pynvml.nvmlDeviceGetMigMode(handle))
+    if mig is not None:
+        info.mig_enabled = bool(mig[0])
+    gpm = _optional(lambda: pynvml.nvmlGpmQueryDeviceSupport(handle))
+    if gpm is not None:
+        info.gpm_supported = bool(gpm.isSupportedDevice)
     try:
         info.fan_count = int(pynvml.nvmlDeviceGetNumFans(handle))
         info.passive_cooling = info.fan_count == 0

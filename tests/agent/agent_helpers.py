@@ -245,6 +245,24 @@ def unique_batches(batches: Sequence[telemetry_pb2.SampleBatch]) -> dict[int, te
     return out
 
 
+SAMPLE_FIELDS = (  # every repeated field of SampleBatch whose entries count as samples (samples_taken)
+    "gpu_samples",
+    "node_samples",
+    "acoustic_samples",
+    "trainer_samples",
+    "probe_events",
+    "gpu_events",
+    "process_samples",
+    "nvlink_samples",
+    "mig_samples",
+)
+
+
+def batch_samples(batch: telemetry_pb2.SampleBatch) -> int:
+    """The samples of one batch as the agent counts them (``samples taken``, the spool's count)."""
+    return sum(len(getattr(batch, name)) for name in SAMPLE_FIELDS)
+
+
 def gpu_points(batches: dict[int, telemetry_pb2.SampleBatch]) -> list[tuple[int, int]]:
     return [(s.gpu_index, s.time_unix_ns) for b in batches.values() for s in b.gpu_samples]
 

@@ -16,6 +16,7 @@ from agent_helpers import (
     AgentFactory,
     Receiver,
     assert_no_loss_no_duplicates,
+    batch_samples,
     clean_env,
     machine,
     unique_batches,
@@ -74,10 +75,7 @@ def test_every_sample_of_8_gpus_at_10hz_for_60s_arrives_with_the_values_nvml_ret
     for gpu, times in by_gpu.items():
         assert 560 <= len(times) <= 620, f"GPU {gpu}: {len(times)} samples in 60 s at 10 Hz"
     taken = int(agent.wait_for_log(r"stopped: (\d+) samples taken").group(1))
-    total = sum(
-        len(b.gpu_samples) + len(b.node_samples) + len(b.acoustic_samples) + len(b.trainer_samples)
-        for b in batches.values()
-    )
+    total = sum(batch_samples(b) for b in batches.values())
     assert total == taken, "every sample the agent took arrived"
 
     # values: each field equals what NVML returned in the sample's update period (or the next one,
@@ -154,7 +152,7 @@ def test_receiver_killed_for_20s_mid_stream_loses_and_duplicates_nothing(
         during = [t for t in times if killed_at < t < killed_at + 19e9]
         assert len(during) >= 180, f"GPU {gpu}: the 20 s outage's samples arrived ({len(during)})"
     taken = int(agent.wait_for_log(r"stopped: (\d+) samples taken").group(1))
-    assert sum(len(b.gpu_samples) + len(b.node_samples) + len(b.acoustic_samples) for b in batches.values()) == taken
+    assert sum(batch_samples(b) for b in batches.values()) == taken
     hellos = receiver.hellos()
     assert len(hellos) == 2 and hellos[0].spool_id == hellos[1].spool_id
     # the second stream started with a replay of everything unacknowledged, oldest first

@@ -269,13 +269,16 @@ def test_a_full_spool_disk_keeps_the_newest_data_and_counts_what_it_dropped_all_
             series = influxdb.server.query(influxdb.name, query)
             return int(max(series[0].values[0][1:])) if series else 0
 
+        def points() -> int:
+            """Every stored point of the agent's samples: a field every point of the measurement has, or
+            for events, whose points have either `xid` or `data`, both."""
+            measurements = ("gpu", "node", "acoustic", "gpu_process", "gpu_nvlink", "gpu_mig")
+            events = count('SELECT count("xid") FROM gpu_event') + count('SELECT count("data") FROM gpu_event')
+            return sum(count(f"SELECT count(*) FROM {m}") for m in measurements) + events
+
         # what the agent dropped is what InfluxDB was told it dropped
-        wait_until(
-            lambda: sum(count(f"SELECT count(*) FROM {m}") for m in ("gpu", "node", "acoustic")) >= acked,
-            30,
-            what="every acknowledged sample in InfluxDB",
-        )
-        stored_points = sum(count(f"SELECT count(*) FROM {m}") for m in ("gpu", "node", "acoustic"))
+        wait_until(lambda: points() >= acked, 30, what="every acknowledged sample in InfluxDB")
+        stored_points = points()
         assert stored_points == acked
         assert count("SELECT sum(dropped_samples) FROM agent") == dropped
         # the newest data survived the full disk: the last 10 s before space came back are all there

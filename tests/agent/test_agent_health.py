@@ -1,0 +1,302 @@
+"""GPU health (issue 12): events, health counters, processes and the health rule.
+
+The agent tests run a real ``gpuprobe agent`` against the simulator (``gpuprobe sim fail --xid`` and
+friends inject the failures) and read what the receiver stored; the rule and the process table are
+also checked directly (pure Python, no NVML).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent_helpers import (
+    AgentFactory,
+    Receiver,
+    batch_samples,
+    clean_env,
+    gpuprobe_command,
+    machine,
+    unique_batches,
+)
+
+from gpuprobe.agent.health import DEGRADED, FAILED, HEALTHY, HealthTracker
+from gpuprobe.agent.sensors.events import lost_event, xid_text
+from gpuprobe.agent.sensors.gpu import ProcessRead
+from gpuprobe.agent.sensors.processes import ProcessTracker
+from gpuprobe.sim import state
+from gpuprobe.v1 import telemetry_pb2
+
+XID = telemetry_pb2.GPU_EVENT_KIND_XID
+
+
+def sim_fail(sim_dir: Path, *args: str) -> None:
+    out = subprocess.run(
+        [*gpuprobe_command(), "sim", "fail", "--state-dir", str(sim_dir), *args],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def xid(code: int, gpu: int = 0) -> telemetry_pb2.GpuEvent:
+    return telemetry_pb2.GpuEvent(time_unix_ns=1, gpu_index=gpu, kind=XID, data=code, text=xid_text(code))
+
+
+# ---------------------------------------------------------------------- the rule, directly
+
+
+def test_the_health_rule() -> None:
+    changes: list[int] = []
+    t = HealthTracker([0, 1])
+    t.on_change = lambda: changes.append(1)
+    assert t.health == {0: (HEALTHY, ""), 1: (HEALTHY, "")}
+    before = t.health
+    t.event(xid(79), now_mono=0.0)
+    assert t.health[0] == (FAILED, "XID 79: GPU has fallen off the bus")
+    assert t.health[1] == (HEALTHY, "")
+    assert before == {0: (HEALTHY, ""), 1: (HEALTHY, "")}, "replaced, never mutated"
+    assert changes == [1]
+    t.event(xid(13), now_mono=0.1)  # not in the rule's sets: no change
+    assert changes == [1]
+    t.event(lost_event(0, True), now_mono=0.2)
+    assert t.health[0] == (
+        FAILED,
+        "GPU_IS_LOST: the GPU fell off the bus or stopped answering; XID 79: GPU has fallen off the bus",
+    )
+    t.event(lost_event(0, False), now_mono=0.3)  # answers again: a reset, the XID is forgotten
+    assert t.health[0] == (HEALTHY, "")
+
+    for code in (48, 94, 95, 64):
+        t = HealthTracker([0])
+        t.event(xid(code), now_mono=0.0)
+        assert t.health[0][0] == FAILED, code
+    for code in (63, 74, 92):
+        t = HealthTracker([0])
+        t.event(xid(code), now_mono=0.0)
+        assert t.health[0] == (DEGRADED, xid_text(code)), code
+
+    # counters: uncorrected volatile ECC fails; the volatile counters going down is a reset
+    t = HealthTracker([0])
+    assert t.observe(0, {"ecc_corrected_volatile": 3, "ecc_uncorrected_volatile": 0}, now_mono=0)[0] == HEALTHY
+    t.event(xid(94), now_mono=0.5)
+    assert t.observe(0, {"ecc_corrected_volatile": 3, "ecc_uncorrected_volatile": 1}, now_mono=1)[0] == FAILED
+    assert t.observe(0, {"ecc_corrected_volatile": 0, "ecc_uncorrected_volatile": 0}, now_mono=2) == (HEALTHY, "")
+    assert t.observe(0, {"remap_failure": True}, now_mono=3)[0] == FAILED
+    assert t.observe(0, {"remap_pending": True}, now_mono=4)[0] == DEGRADED
+    assert t.observe(0, {"retired_pages_pending": True}, now_mono=5)[0] == DEGRADED
+    assert t.observe(0, {}, now_mono=6) == (HEALTHY, "")
+
+    # NVLink CRC/replay errors that grew within 60 s
+    t = HealthTracker([0])
+    assert t.observe(0, {}, nvlink_errors=5, now_mono=0)[0] == HEALTHY, "a first reading is no growth"
+    assert t.observe(0, {}, nvlink_errors=7, now_mono=1)[0] == DEGRADED
+    assert t.observe(0, {}, nvlink_errors=7, now_mono=60)[0] == DEGRADED
+    assert t.observe(0, {}, nvlink_errors=7, now_mono=61.5)[0] == HEALTHY
+
+    # thermal slowdown held for 10 s (0x40 HW thermal, 0x20 SW thermal, 0x8 HW slowdown)
+    for bits in (0x40, 0x20, 0x8):
+        t = HealthTracker([0])
+        for second in range(10):
+            assert t.observe(0, {"clock_event_reasons": bits | 0x1}, now_mono=second)[0] == HEALTHY
+        verdict = t.observe(0, {"clock_event_reasons": bits}, now_mono=10)
+        assert verdict[0] == DEGRADED and "thermal slowdown" in verdict[1]
+        assert t.observe(0, {"clock_event_reasons": 0x4}, now_mono=11) == (HEALTHY, ""), "SW power cap is not"
+
+    # the worst level wins; its causes are all named
+    t = HealthTracker([0])
+    t.event(xid(63), now_mono=0)
+    t.event(xid(79), now_mono=0)
+    t.observe(0, {"remap_failure": True, "remap_pending": True}, now_mono=0)
+    level, reason = t.health[0]
+    assert level == FAILED
+    assert reason == "XID 79: GPU has fallen off the bus; row remap failure: the GPU needs service"
+
+
+def test_xid_texts() -> None:
+    for code in (13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120, 140):
+        assert xid_text(code).startswith(f"XID {code}: ") and len(xid_text(code)) > 12
+    assert xid_text(79) == "XID 79: GPU has fallen off the bus"
+    assert xid_text(12345) == "XID 12345 (see NVIDIA's XID catalog)"
+
+
+def test_process_table(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    for pid, comm, cgroup in ((10, "python3", "0::/system.slice/job.service\n"), (11, "trainer", "")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+        (proc / str(pid) / "cgroup").write_text(cgroup)
+    t = ProcessTracker(proc, max_per_gpu=2)
+    first = t.update(0, 1, [ProcessRead(10, 1 << 30)], {}, 100.0)
+    assert [(p.pid, p.command, p.cgroup, p.used_memory_bytes, p.ended) for p in first] == [
+        (10, "python3", "/system.slice/job.service", 1 << 30, False)
+    ]
+    assert first[0].energy_j == 0
+    # 10 J over the interval: all of it to the one process present at both ends
+    second = t.update(0, 2, [ProcessRead(10, 1 << 30), ProcessRead(11, None)], {10: (50.0, 5.0)}, 110.0)
+    assert {p.pid: p.energy_j for p in second} == {10: 10.0, 11: 0.0}
+    assert not second[1].HasField("used_memory_bytes")
+    assert second[0].sm_pct == 50.0
+    # split by SM share, equally when none is reported
+    third = t.update(
+        0, 3, [ProcessRead(10, 0), ProcessRead(11, 0), ProcessRead(12, 0)], {10: (30, 0), 11: (10, 0)}, 130.0
+    )
+    assert {p.pid: p.energy_j for p in third} == {10: 25.0, 11: 5.0}, "capped at 2: pid 12 is left out"
+    fourth = t.update(0, 4, [ProcessRead(11, 0)], {}, 140.0)
+    assert [(p.pid, p.ended, p.energy_j) for p in fourth] == [(11, False, 15.0), (10, True, 25.0)]
+    assert t.update(0, 5, [ProcessRead(11, 0)], {}, 150.0)[0].energy_j == 25.0
+    assert t.update(0, 6, None, {}, 160.0) == [], "unknown: nothing changes"
+
+
+# ---------------------------------------------------------------------- through a real agent
+
+
+def health_samples(batches: dict[int, telemetry_pb2.SampleBatch], gpu: int) -> list[telemetry_pb2.GpuSample]:
+    return [s for b in batches.values() for s in b.gpu_samples if s.gpu_index == gpu and s.HasField("health")]
+
+
+def test_health_fields_once_a_second_and_absent_where_unsupported(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["H100-SXM5-80GB", "A100-SXM4-80GB", "RTX-4090"])
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    time.sleep(4)
+    assert agent.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    infos = {i.index: i for b in batches.values() for i in b.gpu_info}
+    assert infos[0].gpm_supported and not infos[1].gpm_supported, "GPM: Hopper and newer"
+    for gpu in (0, 1, 2):
+        samples = health_samples(batches, gpu)
+        assert 3 <= len(samples) <= 6, f"GPU {gpu}: health reads at 1 Hz, not {len(samples)} in ~5 s"
+        plain = [s for b in batches.values() for s in b.gpu_samples if s.gpu_index == gpu]
+        assert len(plain) > 8 * len(samples), "the other ticks stay plain"
+        for s in samples:
+            assert s.health == HEALTHY and s.health_reason == ""
+            assert not s.HasField("pcie_replay_count") or s.pcie_replay_count >= 0
+    h100, a100, rtx = (health_samples(batches, g)[-1] for g in (0, 1, 2))
+    assert h100.HasField("ecc_uncorrected_volatile") and h100.ecc_uncorrected_volatile == 0
+    assert h100.HasField("remap_pending") and not h100.remap_pending
+    assert not rtx.HasField("ecc_uncorrected_volatile"), "no ECC on the RTX 4090: absent, not zero"
+    assert not rtx.HasField("remap_pending")
+    assert rtx.HasField("fan_rpm") and rtx.fan_rpm > 0
+    assert not h100.HasField("fan_rpm"), "passive part: absent"
+    assert h100.HasField("sm_active_pct"), "GPM on Hopper (from the second read on)"
+    assert not a100.HasField("sm_active_pct"), "no GPM on the A100: absent, not zero"
+    nvlinks = [n for b in batches.values() for n in b.nvlink_samples]
+    assert {n.gpu_index for n in nvlinks} <= {0, 1} and {n.gpu_index for n in nvlinks}, "NVLink on SXM parts only"
+    assert all(n.HasField("crc_flit_errors") for n in nvlinks)
+    log = agent.log()
+    assert "Traceback" not in log
+
+
+def test_an_xid_arrives_once_and_fails_the_gpu(tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory) -> None:
+    sim = machine(tmp_path / "sim", ["H100-SXM5-80GB", "H100-SXM5-80GB"])
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    time.sleep(1.5)
+    sim_fail(sim.state_dir, "--gpu", "1", "--xid", "13")
+    agent.wait_for_log(r"GPU 1: XID 13: Graphics engine exception")
+    sim_fail(sim.state_dir, "--gpu", "0", "--xid", "79")
+    agent.wait_for_log(r"GPU 0 health: failed \(.*XID 79: GPU has fallen off the bus")
+    time.sleep(2.5)
+    sim_fail(sim.state_dir, "--gpu", "0", "--recover")
+    agent.wait_for_log(r"GPU 0 health: healthy")
+    time.sleep(2)
+    assert agent.terminate() == 0
+    # a restart does not send them again
+    agent2 = agent_factory(sim, [receiver.address])
+    agent2.wait_for_log("streaming to collector")
+    time.sleep(2)
+    assert agent2.terminate() == 0
+
+    batches = unique_batches(receiver.batches())
+    events = [e for b in batches.values() for e in b.gpu_events]
+    xids = [(e.gpu_index, e.data, e.text) for e in events if e.kind == XID]
+    assert xids == [(1, 13, "XID 13: Graphics engine exception"), (0, 79, "XID 79: GPU has fallen off the bus")]
+    kinds = [(e.gpu_index, e.kind) for e in events if e.kind != XID]
+    assert kinds == [(0, telemetry_pb2.GPU_EVENT_KIND_LOST), (0, telemetry_pb2.GPU_EVENT_KIND_RECOVERED)]
+    assert len({(e.gpu_index, e.time_unix_ns, e.kind) for e in events}) == len(events)
+    # GPU 1 keeps healthy samples (XID 13 is not in the rule); GPU 0 is healthy again after the reset
+    assert all(s.health == HEALTHY for s in health_samples(batches, 1))
+    recovered_ns = next(e.time_unix_ns for e in events if e.kind == telemetry_pb2.GPU_EVENT_KIND_RECOVERED)
+    after = [s for s in health_samples(batches, 0) if s.time_unix_ns > recovered_ns]
+    assert after and all(s.health == HEALTHY for s in after)
+
+
+def test_double_bit_ecc_fails_and_a_pending_remap_degrades(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["A100-SXM4-80GB", "A100-SXM4-80GB", "H100-SXM5-80GB"])
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    time.sleep(1.5)
+    sim_fail(sim.state_dir, "--gpu", "0", "--ecc-dbe")
+    sim_fail(sim.state_dir, "--gpu", "1", "--remap-pending")
+    sim_fail(sim.state_dir, "--gpu", "2", "--nvlink-errors", "5", "--link", "3")
+    agent.wait_for_log(r"GPU 0 health: failed")
+    agent.wait_for_log(r"GPU 1 health: degraded \(row remap pending")
+    agent.wait_for_log(r"GPU 2 health: degraded \(NVLink CRC/replay errors grew in the last 60 s\)")
+    time.sleep(2.5)
+    assert agent.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    last0 = health_samples(batches, 0)[-1]
+    assert last0.health == FAILED
+    assert "XID 48: Double-bit ECC error" in last0.health_reason
+    assert last0.ecc_uncorrected_volatile == 1
+    last1 = health_samples(batches, 1)[-1]
+    assert last1.health == DEGRADED and last1.remap_pending
+    assert "XID 63" in last1.health_reason
+    events = [e for b in batches.values() for e in b.gpu_events]
+    assert [e.data for e in events if e.kind == XID and e.gpu_index == 0] == [48]
+    assert [e for e in events if e.kind == telemetry_pb2.GPU_EVENT_KIND_ECC_DOUBLE_BIT and e.gpu_index == 0]
+    taken = int(agent.wait_for_log(r"stopped: (\d+) samples taken").group(1))
+    assert sum(batch_samples(b) for b in batches.values()) == taken, "events and link samples count as samples"
+    link3 = [n for b in batches.values() for n in b.nvlink_samples if n.gpu_index == 2 and n.link == 3]
+    assert link3[0].crc_flit_errors == 0 and link3[-1].crc_flit_errors == 5 and link3[-1].replay_errors == 5
+    assert health_samples(batches, 2)[-1].health == DEGRADED
+
+
+def test_processes_name_pid_and_command(tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory) -> None:
+    sim = machine(tmp_path / "sim", ["L4"])
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        agent = agent_factory(sim, [receiver.address])
+        agent.wait_for_log("streaming to collector")
+        state.set_load(sim.state_dir, 0, 80, holder.pid, 2 << 30)
+        time.sleep(3)
+        state.set_load(sim.state_dir, 0, 0)
+        time.sleep(2.5)
+        assert agent.terminate() == 0
+    finally:
+        holder.kill()
+        holder.wait(10)
+    batches = unique_batches(receiver.batches())
+    points = [p for b in batches.values() for p in b.process_samples if p.pid == holder.pid]
+    assert len(points) >= 2
+    assert all(p.command.startswith("python") for p in points), [p.command for p in points]
+    assert points[0].used_memory_bytes == 2 << 30
+    assert [p.ended for p in points].count(True) == 1 and points[-1].ended, "one last point when it leaves"
+    assert points[-1].energy_j > 0, "energy attributed while it ran"
+
+
+def test_mig_instances_once_per_health_interval(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"], mig_instances=2)
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    time.sleep(3)
+    assert agent.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    assert [i.mig_enabled for b in batches.values() for i in b.gpu_info] == [True]
+    migs = [m for b in batches.values() for m in b.mig_samples]
+    instances = sorted({m.gpu_instance_id for m in migs})
+    assert len(instances) == 2
+    assert all(m.mig_uuid.startswith("MIG-") and "MIG" in m.name and m.mem_total_bytes > 0 for m in migs)
+    per_read = len(migs) / len(health_samples(batches, 0))
+    assert per_read == 2, "one MigSample per GPU instance per health read"
