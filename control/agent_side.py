@@ -23,6 +23,13 @@ with a logged reason and a ``CommandReply`` on ``gpuprobe/v1/replies/{command_id
 trusted key and signature, well-formed, not expired or from the future, not seen before (ids are
 remembered on disk, :mod:`.replay`), selected, and then possible (built-in workload, trainer
 installed, valid arguments, not busy).
+
+GPU health (:meth:`GpuReader.health <gpuprobe.control.gpus.GpuReader.health>`): every presence
+carries ``gpu_health``; the presence task polls the reader every ``HEALTH_POLL_S`` (an identity check,
+then equality) and republishes the presence at once when a verdict changes. A probe (or study) runs
+only on GPUs that are not ``FAILED``: failed GPUs among the selected ones are left out and named in
+the reply and the result; when no selected GPU is left, the command is refused (``invalid_argument``,
+``GPU 3 is failed: XID 79: ...``). ``DEGRADED`` GPUs run, with a warning in the reply and the result.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from google.protobuf.message import DecodeError
 
 from gpuprobe.backoff import Backoff
 from gpuprobe.control import mqtt, replay, selector, signing, topics
-from gpuprobe.control.gpus import GpuReader, SensorGpus
+from gpuprobe.control.gpus import GpuHealthMap, GpuReader, SensorGpus, describe_health, health_name
 from gpuprobe.control.powerlimit import FILE_NAME as POWER_LIMITS_FILE
 from gpuprobe.control.powerlimit import PowerLimitRefused, PowerLimits, parse_limit
 from gpuprobe.control.probe import PointLimit, ProbePlan, ProbeRun, limit_label
@@ -54,6 +61,7 @@ log = logging.getLogger(__name__)
 R = control_pb2  # refusal reasons are control_pb2.REFUSAL_REASON_*
 MAX_PHASE_S = 86400.0
 PresenceStatus = Callable[[], dict[str, Any]]
+HEALTH_POLL_S = 0.25  # how often the presence task looks at the GPUs' health
 
 
 class _RateLimit:
@@ -109,6 +117,7 @@ class ControlClient:
         self._pending: deque[_Outgoing] = deque(maxlen=200)
         self._background: set[asyncio.Task[Any]] = set()
         self._refusal_replies = _RateLimit()
+        self._health: GpuHealthMap = {}  # as last polled (and published)
         self.connected = asyncio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------------
@@ -167,6 +176,7 @@ class ControlClient:
     async def _session(self) -> None:
         import aiomqtt
 
+        await self._poll_health()
         will = aiomqtt.Will(
             topics.presence(self.settings.host),
             self._presence(control_pb2.AGENT_STATE_LOST).SerializeToString(),
@@ -208,9 +218,42 @@ class ControlClient:
             log.info("disconnecting from %s (offline)", self.settings.broker.url)
 
     async def _heartbeat(self) -> None:
+        """ONLINE every ``presence_interval_s``, and at once when a GPU's health changes."""
+        due = time.monotonic() + self.settings.presence_interval_s
         while True:
-            await asyncio.sleep(self.settings.presence_interval_s)
-            await self._publish_presence(control_pb2.AGENT_STATE_ONLINE)
+            await asyncio.sleep(max(0.0, min(HEALTH_POLL_S, due - time.monotonic())))
+            changed = await self._poll_health()
+            if changed or time.monotonic() >= due:
+                await self._publish_presence(control_pb2.AGENT_STATE_ONLINE)
+                due = time.monotonic() + self.settings.presence_interval_s
+
+    async def _read_health(self) -> GpuHealthMap:
+        try:
+            return await asyncio.to_thread(self.gpus.health)  # SensorGpus may read NVML
+        except Exception as e:  # a reader that fails says nothing about the GPUs
+            log.warning("reading the GPUs' health failed: %s", e)
+            return self._health
+
+    async def _poll_health(self) -> bool:
+        """Read the GPUs' health; True when it changed since the last poll (each change is logged)."""
+        health = await self._read_health()
+        if health is self._health:
+            return False
+        before, self._health = self._health, health
+        if health == before:
+            return False
+        for index in sorted(set(health) | set(before)):
+            if health.get(index) != before.get(index):
+                value, reason = health.get(index, (common_pb2.GPU_HEALTH_UNSPECIFIED, ""))
+                if index not in before and value == common_pb2.GPU_HEALTH_HEALTHY:
+                    log.debug("GPU %d is healthy", index)
+                    continue
+                (log.warning if value == common_pb2.GPU_HEALTH_FAILED else log.info)(
+                    "%s (was %s); publishing the presence",
+                    describe_health(index, value, reason),
+                    health_name(before[index][0]) if index in before else "unknown",
+                )
+        return True
 
     async def _receive(self, client: Any) -> None:
         async for message in client.messages:
@@ -274,6 +317,10 @@ class ControlClient:
             workloads=self.workloads,
             probe_id=self.probe.probe_id if self.probe is not None and not self._probe_done() else "",
             sample_interval_s=self.settings.telemetry_interval_s,
+            gpu_health=[
+                control_pb2.GpuHealthStatus(index=index, health=value, reason=reason)  # type: ignore[arg-type]
+                for index, (value, reason) in sorted(self._health.items())
+            ],
         )
         if self.status is not None:
             extra = self.status()
@@ -396,7 +443,9 @@ class ControlClient:
         log.debug("command %s does not select this agent", command.command_id)
         return False
 
-    def _plan(self, command: control_pb2.Command) -> ProbePlan:
+    def _plan(self, command: control_pb2.Command, health: GpuHealthMap | None = None) -> ProbePlan:
+        """The probe as this node runs it, or a Refusal; ``health`` (the GPUs' health now) leaves
+        failed GPUs out (refusing the command when none of the selected GPUs is left)."""
         start = command.probe_start
 
         def refuse(reason: int, message: str) -> signing.Refusal:
@@ -450,13 +499,27 @@ class ControlClient:
         if (self.results_dir / f"{start.probe_id}.pb").exists():
             raise refuse(R.REFUSAL_REASON_INVALID_ARGUMENT, f"probe id {start.probe_id} already ran here")
         gpu_indices = sorted(set(start.gpu_indices)) or list(range(self.gpus.count))
-        return ProbePlan(start, gpu_indices)
+        health = self._health if health is None else health
+        refused: dict[int, str] = {}
+        warnings: list[str] = []
+        for i in gpu_indices:
+            value, reason = health.get(i, (common_pb2.GPU_HEALTH_UNSPECIFIED, ""))
+            if value == common_pb2.GPU_HEALTH_FAILED:
+                refused[i] = describe_health(i, value, reason)
+            elif value == common_pb2.GPU_HEALTH_DEGRADED:
+                warnings.append(describe_health(i, value, reason))
+        if refused and len(refused) == len(gpu_indices):
+            raise refuse(R.REFUSAL_REASON_INVALID_ARGUMENT, "; ".join(refused.values()))
+        plan = ProbePlan(start, [i for i in gpu_indices if i not in refused])
+        plan.refused_gpus = refused
+        plan.warnings = warnings
+        return plan
 
     async def _start_probe(self, command: control_pb2.Command, key_id: str) -> None:
         start = command.probe_start
         if not self._selected(command, start.selector, start.probe_id):
             return
-        plan = self._plan(command)
+        plan = self._plan(command, await self._read_health())
         if plan.is_study and plan.gpu_indices:
             plan.limits = await asyncio.to_thread(self._resolve_limits, plan)
         probe = ProbeRun(
@@ -494,7 +557,8 @@ class ControlClient:
             if refused:
                 first = next(limit.refused for limit in plan.limits.values() if limit.refused)
                 what += f"; {refused} point(s) refused here, e.g. {first}"
-        await self._reply(command.command_id, start.probe_id, True, message=f"{what} on {where}, {when}")
+        notes = "".join(f"; {note}" for note in plan.health_notes())
+        await self._reply(command.command_id, start.probe_id, True, message=f"{what} on {where}, {when}{notes}")
         await self._publish_presence(control_pb2.AGENT_STATE_ONLINE)
 
     def _resolve_limits(self, plan: ProbePlan) -> dict[tuple[int, int], PointLimit]:

@@ -271,6 +271,8 @@ def send_start(
         async with operator_side.Session(broker) as session:
             presences = await operator_side.fleet(session)
             expect = operator_side.expected_hosts(presences, start.selector)
+            for warning in operator_side.health_warnings(presences, expect, list(start.gpu_indices)):
+                print(f"gpuprobe {name}: warning: {warning}", file=sys.stderr, flush=True)
             if not values["json"]:
                 at = dt.datetime.fromtimestamp(start.start_at_unix_ns / 1e9).strftime("%H:%M:%S")
                 print(
@@ -519,7 +521,7 @@ COMMANDS = [
     ),
     Command(
         name="fleet",
-        help="agents seen on the broker: state (online, offline, lost), last seen, GPUs, running probe",
+        help="agents on the broker: state (online, offline, lost), last seen, GPUs and their health, running probe",
         run=_fleet,
         options=FLEET_OPTIONS,
     ),

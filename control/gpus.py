@@ -11,6 +11,13 @@ place, ``gpuprobe.agent.sensors.gpu`` (the only module that imports pynvml): ``g
 --broker`` passes an adapter over the samples its own sampler already takes
 (``gpuprobe.agent.fleet.AgentGpus``), so NVML is read once; ``gpuprobe control-agent``, which runs
 without the agent, opens the same sensor for itself (:class:`SensorGpus`).
+
+Health (:meth:`GpuReader.health`): each GPU's verdict as ``{index: (GpuHealth value, reason)}``, the
+same mapping object for as long as nothing changes (a reader replaces it, never changes it, so a
+caller can poll it with an identity check); empty when unknown. ``AgentGpus`` hands on the agent's
+own verdicts (``gpuprobe.agent.health``: XID events, ECC, remapping, thermal slowdown). ``SensorGpus``
+has only what its reads show: a GPU that does not answer NVML (``GPU_IS_LOST``) is ``FAILED``, every
+other GPU ``HEALTHY`` ("nothing wrong is known"); it never reports ``DEGRADED``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,25 @@ if TYPE_CHECKING:
     from gpuprobe.agent.sensors.gpu import GpuSensor
 
 log = logging.getLogger(__name__)
+
+GpuHealthMap = dict[int, tuple[int, str]]  # GPU index -> (common_pb2.GpuHealth value, reason)
+HEALTHY: tuple[int, str] = (common_pb2.GPU_HEALTH_HEALTHY, "")
+LOST_REASON = "the GPU does not answer NVML (GPU_IS_LOST: fallen off the bus or lost)"
+HEALTH_CHECK_S = 0.5  # SensorGpus: a GPU not read for this long is read again when health is asked
+
+
+def health_name(value: int) -> str:
+    """``healthy``, ``degraded``, ``failed`` (``unknown`` for anything else)."""
+    try:
+        name = str(common_pb2.GpuHealth.Name(value))
+    except ValueError:
+        return "unknown"
+    return name.removeprefix("GPU_HEALTH_").lower().replace("unspecified", "unknown")
+
+
+def describe_health(index: int, value: int, reason: str) -> str:
+    """``GPU 3 is failed: XID 79: GPU has fallen off the bus`` (the words of refusals and warnings)."""
+    return f"GPU {index} is {health_name(value)}" + (f": {reason}" if reason else "")
 
 
 @dataclass(frozen=True)
@@ -64,6 +90,10 @@ class GpuReader(Protocol):
 
     def read(self, index: int) -> Reading: ...
 
+    def health(self) -> GpuHealthMap:
+        """Each GPU's health; the same object while nothing changes (never mutated); empty when unknown."""
+        ...
+
 
 class SensorGpus:
     """The agent's GPU sensor opened for the control plane alone (``gpuprobe control-agent``)."""
@@ -72,6 +102,9 @@ class SensorGpus:
         self._sensor: GpuSensor | None = None
         # the sensor's read buffers are per GPU, not per thread: one read at a time
         self._lock = threading.Lock()
+        self._health: GpuHealthMap = {}
+        self._health_lock = threading.Lock()
+        self._read_at: dict[int, float] = {}  # monotonic time of each GPU's last read
         try:
             from gpuprobe.agent.sensors.gpu import GpuSensor
 
@@ -92,7 +125,32 @@ class SensorGpus:
             return Reading.unknown()
         with self._lock:
             sample = self._sensor.read_gpu(index)
+        self._answered(index, sample is not None)
         return Reading.from_sample(sample) if sample is not None else Reading.unknown()
+
+    def health(self) -> GpuHealthMap:
+        """From the reads alone: a GPU that answers no read (lost) is failed, the others healthy.
+
+        Reads the GPUs that nobody read for ``HEALTH_CHECK_S`` (a probe's sampler reads its GPUs
+        every 100 ms anyway); call it from a worker thread, it may block on NVML."""
+        if self._sensor is None:
+            return {}
+        now = time.monotonic()
+        for info in self.infos():
+            if now - self._read_at.get(info.index, -HEALTH_CHECK_S) >= HEALTH_CHECK_S:
+                with self._lock:
+                    sample = self._sensor.read_gpu(info.index)
+                self._answered(info.index, sample is not None)
+        return self._health
+
+    def _answered(self, index: int, answered: bool) -> None:
+        self._read_at[index] = time.monotonic()
+        verdict = HEALTHY if answered else (common_pb2.GPU_HEALTH_FAILED, LOST_REASON)
+        if self._health.get(index) == verdict:
+            return
+        with self._health_lock:
+            if self._health.get(index) != verdict:
+                self._health = {**self._health, index: verdict}  # replaced, never changed
 
 
 class Sampler:

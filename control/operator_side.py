@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google.protobuf.message import DecodeError
 
 from gpuprobe.control import mqtt, selector, signing, topics
-from gpuprobe.v1 import control_pb2
+from gpuprobe.v1 import common_pb2, control_pb2
 
 SETTLE_S = 0.4  # retained messages arrive right after SUBACK; this much quiet means they are all here
 SNAPSHOT_MAX_S = 5.0
@@ -115,6 +115,28 @@ def expected_hosts(presences: list[control_pb2.AgentPresence], node_selector: co
         for p in presences
         if p.state == control_pb2.AGENT_STATE_ONLINE and selector.match(node_selector, p.identity)[0]
     }
+
+
+def health_warnings(presences: list[control_pb2.AgentPresence], hosts: set[str], gpu_indices: list[int]) -> list[str]:
+    """What ``probe start`` warns about before it sends: among ``hosts``, the selected GPUs (all of a
+    host's when ``gpu_indices`` is empty) that the retained presence shows failed or degraded. The
+    command is sent anyway: the agent decides, with its health of the moment (docs/control.md)."""
+    out = []
+    for p in presences:
+        if p.identity.host not in hosts:
+            continue
+        selected = set(gpu_indices) or {g.index for g in p.gpus} | {g.index for g in p.gpu_health}
+        failed = [g for g in p.gpu_health if g.index in selected and g.health == common_pb2.GPU_HEALTH_FAILED]
+        degraded = [g for g in p.gpu_health if g.index in selected and g.health == common_pb2.GPU_HEALTH_DEGRADED]
+        for g in failed:
+            out.append(f"{p.identity.host}: GPU {g.index} is failed" + (f": {g.reason}" if g.reason else ""))
+        for g in degraded:
+            out.append(f"{p.identity.host}: GPU {g.index} is degraded" + (f": {g.reason}" if g.reason else ""))
+        if failed and len(failed) == len(selected):
+            out.append(f"{p.identity.host}: no selected GPU is usable; the agent will refuse the probe")
+        elif failed:
+            out.append(f"{p.identity.host}: the probe runs on its other GPUs only")
+    return out
 
 
 async def send_command(

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuprobe.control.gpus import GpuReader, Reading, Sampler, energy_at
+from gpuprobe.control.gpus import GpuReader, Reading, Sampler, describe_health, energy_at
 from gpuprobe.control.powerlimit import PowerLimits
 from gpuprobe.control.settings import TRAINER_COMMAND
 from gpuprobe.trainer import catalog
@@ -100,10 +100,17 @@ class ProbePlan:
     gpu_indices: list[int]  # empty: one copy on the CPU (a node without GPUs)
     anchor_unix_ns: int = field(default_factory=time.time_ns)  # the schedule's start (start_at, or acceptance)
     limits: dict[tuple[int, int], PointLimit] = field(default_factory=dict)  # (gpu, point) -> limit
+    refused_gpus: dict[int, str] = field(default_factory=dict)  # selected but failed: GPU -> why, not run
+    warnings: list[str] = field(default_factory=list)  # degraded GPUs that run anyway
 
     def __post_init__(self) -> None:
         if self.start.start_at_unix_ns:
             self.anchor_unix_ns = self.start.start_at_unix_ns
+
+    def health_notes(self) -> list[str]:
+        """What the reply and the result say about the GPUs' health: refused (failed) and degraded ones."""
+        notes = [f"not run on {why}" for why in self.refused_gpus.values()]
+        return notes + [f"warning: {why}" for why in self.warnings]
 
     @property
     def is_study(self) -> bool:
@@ -464,6 +471,19 @@ class ProbeRun:
 
     # --- the result -----------------------------------------------------------------------------------
 
+    def _failed_during(self) -> list[str]:
+        """GPUs of the probe that are failed now (they were not when it was accepted)."""
+        try:
+            health = self.gpus.health()
+        except Exception:
+            return []
+        out = []
+        for gpu in self.plan.gpu_indices:
+            value, reason = health.get(gpu, (common_pb2.GPU_HEALTH_UNSPECIFIED, ""))
+            if value == common_pb2.GPU_HEALTH_FAILED:
+                out.append(f"{describe_health(gpu, value, reason)} (it failed during the probe)")
+        return out
+
     def _trainer_failure(self, state: TrainerState) -> str:
         tail = ""
         if state.stderr_path is not None:
@@ -478,6 +498,8 @@ class ProbeRun:
     def _result(self, status: str | None, message: str, readings: dict[int, list[Reading]]) -> control_pb2.ProbeResult:
         statuses = []
         messages = [message] if message else []
+        messages += self.plan.health_notes()
+        messages += self._failed_during()
         for state in self.trainers:
             if state.result is None:
                 statuses.append("failed")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuprobe.control import signing
+from gpuprobe.control.gpus import health_name
 from gpuprobe.v1 import common_pb2, control_pb2
 
 
@@ -86,7 +87,29 @@ def replies_table(replies: Sequence[control_pb2.CommandReply], expected: set[str
     return table(["HOST", "ANSWER", "REASON", "DETAIL"], rows)
 
 
+def health(value: int) -> str:
+    """``healthy``, ``degraded``, ``failed``, ``unknown``."""
+    return health_name(value)
+
+
+def unhealthy(p: control_pb2.AgentPresence) -> list[control_pb2.GpuHealthStatus]:
+    """The presence's GPUs that are not healthy (failed first, then degraded, by index)."""
+    bad = [g for g in p.gpu_health if g.health != common_pb2.GPU_HEALTH_HEALTHY]
+    return sorted(bad, key=lambda g: (-g.health, g.index))
+
+
+def health_summary(p: control_pb2.AgentPresence) -> str:
+    """The fleet table's HEALTH column: ``ok``, ``1 failed``, ``1 failed, 2 degraded``; ``-`` when unknown."""
+    if not p.gpu_health:
+        return "-"
+    counts: dict[str, int] = {}
+    for g in unhealthy(p):
+        counts[health(g.health)] = counts.get(health(g.health), 0) + 1
+    return ", ".join(f"{n} {name}" for name, n in counts.items()) or "ok"
+
+
 def fleet_table(presences: Sequence[control_pb2.AgentPresence]) -> str:
+    """One row per agent, then one line per GPU that is not healthy: ``HOST: GPU 1 failed: REASON``."""
     rows = []
     for p in presences:
         gpus: dict[str, int] = {}
@@ -99,12 +122,19 @@ def fleet_table(presences: Sequence[control_pb2.AgentPresence]) -> str:
                 age(p.last_seen_unix_ns),
                 p.identity.cluster or "-",
                 ", ".join(f"{n}x {name}" for name, n in gpus.items()) or "none",
+                health_summary(p),
                 str(len(p.workloads)),
                 p.probe_id or "-",
                 p.agent_version,
             ]
         )
-    return table(["HOST", "STATE", "LAST SEEN", "CLUSTER", "GPUS", "WORKLOADS", "PROBE", "VERSION"], rows)
+    out = table(["HOST", "STATE", "LAST SEEN", "CLUSTER", "GPUS", "HEALTH", "WORKLOADS", "PROBE", "VERSION"], rows)
+    notes = [
+        f"{p.identity.host}: GPU {g.index} {health(g.health)}" + (f": {g.reason}" if g.reason else "")
+        for p in presences
+        for g in unhealthy(p)
+    ]
+    return out + ("\n\n" + "\n".join(notes) if notes else "")
 
 
 def presence_dict(p: control_pb2.AgentPresence) -> dict[str, Any]:
@@ -124,6 +154,7 @@ def presence_dict(p: control_pb2.AgentPresence) -> dict[str, Any]:
             {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_total_bytes": g.memory_total_bytes}
             for g in p.gpus
         ],
+        "gpu_health": [{"index": g.index, "health": health(g.health), "reason": g.reason} for g in p.gpu_health],
         "workloads": list(p.workloads),
         "probe": p.probe_id,
         "uplink_connected": p.uplink_connected,
