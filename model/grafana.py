@@ -1,8 +1,10 @@
 """The Grafana dashboards of ``deploy/grafana/dashboards/``, generated here so they stay consistent.
 
-``python -m gpuprobe.model.grafana [--out DIR]`` writes them (default: the repository's
-``deploy/grafana/dashboards``); a test fails when the committed files differ from what this module
-generates, and another runs every panel's query against a real InfluxDB (docs/dashboards.md).
+``python -m gpuprobe.model.grafana [--out DIR] [--alerting-out DIR]`` writes them (default: the
+repository's ``deploy/grafana/dashboards``) and the alert rules of ``model/grafana_health.py``
+(default: ``deploy/grafana/provisioning/alerting``); a test fails when the committed files differ
+from what this module generates, and another runs every panel's query against a real InfluxDB
+(docs/dashboards.md).
 
 Conventions every query follows (the tests rely on them):
 
@@ -21,168 +23,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuprobe.influx.retention import rp_variable_query
-
-DATASOURCE = {"type": "influxdb", "uid": "gpuprobe-influxdb"}
-SCHEMA_VERSION = 39
-HOST = '"host" =~ /^$host$/'
-GPU = '"gpu" =~ /^$gpu$/'
-PROBE = '"probe" =~ /^$probe$/'
-TF = "$timeFilter"
-BY_TIME = "GROUP BY time($__interval)"
-THERMAL_BITS = 0x20 | 0x40  # SW thermal, HW thermal (nvmlClocksEventReasons; docs/schema.md: & 96)
-POWER_BITS = 0x04 | 0x80  # SW power cap, HW power brake
-# gpu and node series in the retention policy the $rp variable picks for the time range: raw, rollup_10s or
-# rollup_1m (gpuprobe collector --init-db; docs/dashboards.md). The rollups keep the raw field names.
-GPU_M = '"$rp"."gpu"'
-NODE_M = '"$rp"."node"'
-
-
-def target(query: str, ref: str = "A", fmt: str = "time_series", alias: str = "") -> dict[str, Any]:
-    t: dict[str, Any] = {
-        "refId": ref,
-        "datasource": DATASOURCE,
-        "query": query,
-        "rawQuery": True,
-        "resultFormat": fmt,
-    }
-    if alias:
-        t["alias"] = alias
-    return t
-
-
-class Layout:
-    """Places panels left to right, 24 columns wide, wrapping into new rows."""
-
-    def __init__(self) -> None:
-        self.x = self.y = self.row_h = 0
-        self.next_id = 1
-
-    def place(self, w: int, h: int) -> dict[str, int]:
-        if self.x + w > 24:
-            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
-        pos = {"x": self.x, "y": self.y, "w": w, "h": h}
-        self.x += w
-        self.row_h = max(self.row_h, h)
-        return pos
-
-    def panel(
-        self,
-        title: str,
-        kind: str,
-        targets: list[dict[str, Any]],
-        *,
-        w: int = 12,
-        h: int = 8,
-        unit: str = "",
-        description: str = "",
-        decimals: int | None = None,
-    ) -> dict[str, Any]:
-        defaults: dict[str, Any] = {}
-        if unit:
-            defaults["unit"] = unit
-        if decimals is not None:
-            defaults["decimals"] = decimals
-        p: dict[str, Any] = {
-            "id": self.next_id,
-            "type": kind,
-            "title": title,
-            "datasource": DATASOURCE,
-            "gridPos": self.place(w, h),
-            "targets": targets,
-            "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": {},
-        }
-        if description:
-            p["description"] = description
-        if kind == "timeseries":
-            p["options"] = {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}
-        elif kind == "stat":
-            p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
-        elif kind == "bargauge":
-            p["options"] = {
-                "orientation": "horizontal",
-                "displayMode": "basic",
-                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            }
-        self.next_id += 1
-        return p
-
-    def text(self, title: str, content: str, *, w: int = 24, h: int = 6) -> dict[str, Any]:
-        p = {
-            "id": self.next_id,
-            "type": "text",
-            "title": title,
-            "gridPos": self.place(w, h),
-            "options": {"mode": "markdown", "content": content},
-        }
-        self.next_id += 1
-        return p
-
-
-def variable(name: str, query: str, label: str, *, multi: bool = True) -> dict[str, Any]:
-    return {
-        "name": name,
-        "label": label,
-        "type": "query",
-        "datasource": DATASOURCE,
-        "query": query,
-        "definition": query,
-        "refresh": 2,  # on time range change
-        "multi": multi,
-        "includeAll": multi,
-        "sort": 3,  # numerically ascending
-        "regex": "",
-        "current": {},
-        "options": [],
-        "hide": 0,
-    }
-
-
-RP_VAR = variable("rp", rp_variable_query(), "data", multi=False)
-RP_VAR["sort"] = 0  # one value: the policy for the range's length
-RP_VAR["description"] = "raw samples, 10 s or 1 min rollups, by the length of the time range (rp_config)"
-HOST_VAR = variable("host", f'SHOW TAG VALUES FROM {GPU_M} WITH KEY = "host"', "host")
-ONE_HOST_VAR = variable("host", f'SHOW TAG VALUES FROM {GPU_M} WITH KEY = "host"', "host", multi=False)
-GPU_VAR = variable("gpu", f'SHOW TAG VALUES FROM {GPU_M} WITH KEY = "gpu" WHERE "host" =~ /^$host$/', "gpu")
-PROBE_VAR = variable("probe", 'SHOW TAG VALUES FROM "probe" WITH KEY = "probe"', "probe", multi=False)
-
-PHASE_ANNOTATION = {
-    "name": "probe phases",
-    "datasource": DATASOURCE,
-    "enable": True,
-    "iconColor": "#8ab8ff",
-    "query": 'SELECT "phase", "kind", "host" FROM "probe" WHERE $timeFilter',
-    "textColumn": "phase",
-    "tagsColumn": "host",
-}
-
-
-def dashboard(
-    uid: str,
-    title: str,
-    description: str,
-    panels: list[dict[str, Any]],
-    variables: list[dict[str, Any]],
-    time_from: str = "now-1h",
-) -> dict[str, Any]:
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": ["gpuprobe"],
-        "timezone": "browser",
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "refresh": "10s",
-        "time": {"from": time_from, "to": "now"},
-        "templating": {"list": variables},
-        "annotations": {"list": [PHASE_ANNOTATION]},
-        "links": [{"type": "dashboards", "tags": ["gpuprobe"], "asDropdown": True, "title": "gpuprobe"}],
-        "panels": panels,
-    }
+from gpuprobe.model.grafana_health import gpu_health_dashboard, render_alerting
+from gpuprobe.model.grafana_parts import (
+    BY_TIME,
+    GPU,
+    GPU_M,
+    GPU_VAR,
+    HOST,
+    HOST_VAR,
+    NODE_M,
+    ONE_HOST_VAR,
+    POWER_BITS,
+    PROBE,
+    PROBE_VAR,
+    RP_VAR,
+    TF,
+    THERMAL_BITS,
+    Layout,
+    dashboard,
+    target,
+    variable,
+)
 
 
 def _sum_of_gpus(field: str, where: str, by: str = "") -> str:
@@ -1133,6 +994,7 @@ DASHBOARDS = {
     "acoustics.json": acoustics,
     "probe-efficiency.json": probe_efficiency,
     "health.json": health,
+    "gpu-health.json": gpu_health_dashboard,
     "study.json": study,
 }
 
@@ -1146,17 +1008,30 @@ def default_out() -> Path:
     return Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "dashboards"
 
 
+def default_alerting_out() -> Path:
+    return Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "provisioning" / "alerting"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuprobe.model.grafana", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--out", type=Path, default=None, help="folder to write into (default: deploy/grafana/dashboards)"
     )
+    parser.add_argument(
+        "--alerting-out",
+        type=Path,
+        default=None,
+        help="folder for the alert rules (default: deploy/grafana/provisioning/alerting)",
+    )
     args = parser.parse_args(argv)
-    out: Path = args.out or default_out()
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in render().items():
-        (out / name).write_text(text, encoding="utf-8")
-        print(out / name)
+    for out, files in (
+        (args.out or default_out(), render()),
+        (args.alerting_out or default_alerting_out(), render_alerting(DASHBOARDS)),
+    ):
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text, encoding="utf-8")
+            print(out / name)
     return 0
 
 

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuhealth_fleet import HealthFleet
 from simprobe import ProbeRun
 from study_synthetic import H100, L4, StudyRun
 
 from gpuprobe.devservices import InfluxDBError
-from gpuprobe.model import grafana
+from gpuprobe.influx.retention import rp_variable_query
+from gpuprobe.model import grafana, grafana_parts
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
@@ -91,7 +93,7 @@ def non_empty(series: list[Any]) -> bool:
 
 
 def variable_combinations(
-    dashboard: dict[str, Any], run: ProbeRun | StudyRun, time_filter: str, rp: str | None = None
+    dashboard: dict[str, Any], run: ProbeRun | StudyRun | HealthFleet, time_filter: str, rp: str | None = None
 ) -> list[dict[str, list[str]]]:
     """Every choice Grafana allows that matters: multi-value variables get all their values (All),
     single-value ones each of their values in turn; ``$rp`` the given policy (None: its own query's)."""
@@ -114,14 +116,15 @@ def variable_combinations(
     return [dict(combo) for combo in itertools.product(*options)]
 
 
-# the dashboards of one study read its report's `model` points (kind=study), which the simulated probe has not
-DATA = {"study.json": "reported_study"}
+# the dashboards of one study read its report's `model` points (kind=study), which the simulated probe has not;
+# the GPU health dashboard reads the health fields and measurements of a fleet with faults (gpuhealth_fleet.py)
+DATA = {"study.json": "reported_study", "gpu-health.json": "gpu_health_fleet"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(grafana.DASHBOARDS))
 def test_every_panel_query_returns_data(name: str, request: pytest.FixtureRequest) -> None:
-    run: ProbeRun | StudyRun = request.getfixturevalue(DATA.get(name, "rolled_up_probe"))
+    run: ProbeRun | StudyRun | HealthFleet = request.getfixturevalue(DATA.get(name, "rolled_up_probe"))
     dashboard = load_dashboards()[name]
     from_ms, to_ms = run.start_ns // 10**6 - 60_000, run.end_ns // 10**6 + 60_000
     time_filter = f"time >= {from_ms}ms and time <= {to_ms}ms"
@@ -143,7 +146,7 @@ def test_every_panel_query_returns_data(name: str, request: pytest.FixtureReques
     assert not empty, f"{name}: queries without data:\n" + "\n".join(empty)
 
 
-def windows_per_gpu(run: ProbeRun | StudyRun, rp: str) -> int:
+def windows_per_gpu(run: ProbeRun | StudyRun | HealthFleet, rp: str) -> int:
     """The most points one GPU has in a policy: a difference needs two (the probe lasts about 45 s, so
     it may fall into one 1 min window)."""
     answer = run.server.query(run.db, f'SELECT count("power_w") FROM "{rp}"."gpu" GROUP BY "host", "gpu"')
@@ -189,16 +192,17 @@ def test_dashboards_follow_the_query_conventions() -> None:
         "gpuprobe-acoustics",
         "gpuprobe-probe-efficiency",
         "gpuprobe-health",
+        "gpuprobe-gpu-health",
         "gpuprobe-study",
     }
     for name, d in dashboards.items():
         variables = {v["name"] for v in d["templating"]["list"]}
         for v in d["templating"]["list"]:
             if v["name"] == "rp":
-                assert v["query"] == grafana.rp_variable_query() and not v["multi"] and not v["includeAll"]
+                assert v["query"] == rp_variable_query() and not v["multi"] and not v["includeAll"]
                 continue
             assert v["query"].startswith("SHOW TAG VALUES FROM"), (name, v["name"])
-            assert v["datasource"]["uid"] == grafana.DATASOURCE["uid"]
+            assert v["datasource"]["uid"] == grafana_parts.DATASOURCE["uid"]
         ids = [p["id"] for p in panels_of(d)]
         assert len(ids) == len(set(ids)), f"{name}: duplicate panel ids"
         for panel in panels_of(d):
@@ -208,7 +212,7 @@ def test_dashboards_follow_the_query_conventions() -> None:
                 continue
             assert panel["targets"], f"{name}: panel {panel['title']!r} has no query"
             for t in panel["targets"]:
-                assert t["rawQuery"] and t["datasource"]["uid"] == grafana.DATASOURCE["uid"]
+                assert t["rawQuery"] and t["datasource"]["uid"] == grafana_parts.DATASOURCE["uid"]
         for where, query in queries_of(d):
             assert "$timeFilter" in query, f"{name}: {where} ignores the time range"
             used = {m for m in VARIABLE.findall(query) if m not in ("timeFilter", "__interval")}
@@ -223,7 +227,7 @@ def test_dashboards_follow_the_query_conventions() -> None:
 def test_provisioning_points_grafana_at_influxql_and_the_dashboards() -> None:
     datasource = (PROVISIONING / "datasources" / "gpuprobe.yaml").read_text()
     assert re.search(r"^\s+type: influxdb$", datasource, re.M)
-    assert re.search(rf"^\s+uid: {grafana.DATASOURCE['uid']}$", datasource, re.M)
+    assert re.search(rf"^\s+uid: {grafana_parts.DATASOURCE['uid']}$", datasource, re.M)
     assert re.search(r"^\s+version: InfluxQL$", datasource, re.M)
     assert re.search(r"^\s+dbName: \$\{GPUPROBE_INFLUX_DB\}$", datasource, re.M)
     assert re.search(r"^\s+timeInterval: 1s$", datasource, re.M)  # what the query test substitutes
