@@ -48,6 +48,9 @@ NODES = {  # host -> its simulated GPUs (mixed: passive datacenter parts, a fan-
     "node-3": ["L4", "H100-SXM5-80GB"],
 }
 PHASES = {"idle_baseline": 4.0, "warmup": 2.0, "duration": 20.0, "cooldown": 3.0}
+# the agents' samples beside gpu, node and acoustic: GPU events (clock changes on the simulated GPUs),
+# processes (the trainers), NVLink links (the H100s and the A100); no MIG here
+HEALTH_MEASUREMENTS = ("gpu_event", "gpu_process", "gpu_nvlink")
 START_IN_S = 35.0  # six trainers import torch and build ResNet-50 on two shared cores meanwhile
 STOPPED = re.compile(
     r"stopped: (\d+) samples taken, (\d+) spooled, (\d+) acknowledged, (\d+) dropped by the spool cap;"
@@ -158,7 +161,7 @@ def test_three_agents_a_collector_and_a_probe_fit_together(
     collector, agents, private = start_fleet(tmp_path, system, influxdb, broker, cluster)
     probe_id = run_probe(system, broker, private, cluster)
     taken = stop_agents(agents, broker)
-    measurements = ("gpu", "node", "acoustic", "trainer", "probe")
+    measurements = ("gpu", "node", "acoustic", "trainer", "probe", *HEALTH_MEASUREMENTS)
     counts = wait_stored(influxdb, collector, measurements, taken)
     # (c) exactly once: see the comment of check_exactly_once
     check_exactly_once(influxdb, counts, taken)
@@ -288,9 +291,14 @@ def wait_stored(
     def stored() -> dict[str, dict[str, int]]:
         counts: dict[str, dict[str, int]] = {h: {} for h in NODES}
         for m in measurements:
-            for row in influx_rows(influxdb, f'SELECT count("{required[m]}") FROM "{m}" GROUP BY "host"'):
-                if row["host"] in counts:
-                    counts[row["host"]][m] = int(row["count"])
+            if m in required:
+                for row in influx_rows(influxdb, f'SELECT count("{required[m]}") FROM "{m}" GROUP BY "host"'):
+                    if row["host"] in counts:
+                        counts[row["host"]][m] = int(row["count"])
+            else:  # the health measurements: no field is in every point (docs/schema.md), so count rows
+                for row in influx_rows(influxdb, f'SELECT * FROM "{m}"'):
+                    if row["host"] in counts:
+                        counts[row["host"]][m] = counts[row["host"]].get(m, 0) + 1
         return counts
 
     def complete() -> dict[str, dict[str, int]] | None:
@@ -392,8 +400,9 @@ def check_exactly_once(db: InfluxDBDatabase, counts: dict[str, dict[str, int]], 
     """Every sample an agent took is stored once: none lost, none doubled. Three checks that each fail
     on a kind of error the others could miss:
 
-    1. Per host, the points stored in gpu + node + acoustic + trainer + probe equal the number of
-       samples the agent says it took (its own counter, ``samples_taken``, in its final log line;
+    1. Per host, the points stored in gpu + node + acoustic + trainer + probe (and the health
+       measurements gpu_event, gpu_process, gpu_nvlink) equal the number of samples the agent says it
+       took (its own counter, ``samples_taken``, in its final log line;
        each sample is exactly one point, and the agent spooled and had acknowledged every one).
        A lost batch, anywhere in the run (also the first or the last), makes the sum smaller; a
        replay that changed a tag (so it does not overwrite itself) makes it larger.
