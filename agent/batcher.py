@@ -25,6 +25,17 @@ from typing import Any
 from gpuprobe.agent.metrics import Counters
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
+# the GPU events whose batch goes to the spool at once (the faults)
+URGENT_EVENT_KINDS = frozenset(
+    {
+        telemetry_pb2.GPU_EVENT_KIND_XID,
+        telemetry_pb2.GPU_EVENT_KIND_ECC_SINGLE_BIT,
+        telemetry_pb2.GPU_EVENT_KIND_ECC_DOUBLE_BIT,
+        telemetry_pb2.GPU_EVENT_KIND_LOST,
+        telemetry_pb2.GPU_EVENT_KIND_RECOVERED,
+    }
+)
+
 
 class Batcher:
     def __init__(
@@ -92,11 +103,12 @@ class Batcher:
         self._add("probe_events", [event])
 
     def add_gpu_events(self, events: Sequence[telemetry_pb2.GpuEvent]) -> None:
-        """GPU events (XID, ECC, lost / recovered...): each is put into exactly one batch, which is flushed
-        to the spool at once (``on_full``): NVML delivers an event once, so an agent killed before its next
-        flush interval would otherwise lose it for good."""
+        """GPU events (XID, ECC, lost / recovered...): each is put into exactly one batch. A fault's batch
+        is flushed to the spool at once (``on_full``): NVML delivers an event once, so an agent killed
+        before its next flush interval would lose it for good. Clock and power-source changes wait for the
+        flush interval (they come up to once per second per GPU; a flush each would cost a spool fsync)."""
         self._add("gpu_events", events)
-        if events and self.on_full is not None:
+        if self.on_full is not None and any(e.kind in URGENT_EVENT_KINDS for e in events):
             self.on_full()
 
     def add_processes(self, samples: Sequence[telemetry_pb2.ProcessSample]) -> None:

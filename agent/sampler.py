@@ -13,8 +13,9 @@ The health reads (``health_interval_s``, 1 s by default; 0: none) are spread the
 on the ticks ``n`` with ``n % k == i % k`` (``k`` ticks per health interval). They add the health
 counters, GPM and NVLink totals to that tick's sample, make the GPU's NVLink, MIG and process
 samples (a link's point when its error counters moved, else once a minute; the GPU's NVLink
-throughput totals are in every health sample), feed the health tracker (:mod:`gpuprobe.agent.health`) and put its verdict into the sample
-(``health``, ``health_reason``). The other ticks stay the plain hot path.
+throughput totals are in every health sample), feed the health tracker
+(:mod:`gpuprobe.agent.health`) and put its verdict into the sample (``health``, ``health_reason``).
+The other ticks stay the plain hot path.
 
 GPU events reach :meth:`Sampler.gpu_event` from the events thread
 (:mod:`gpuprobe.agent.sensors.events`) and from the GPU sensor's lost / recovered hook: each goes into

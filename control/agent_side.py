@@ -28,7 +28,7 @@ GPU health (:meth:`GpuReader.health <gpuprobe.control.gpus.GpuReader.health>`): 
 carries ``gpu_health``; the presence task polls the reader every ``HEALTH_POLL_S`` (an identity check,
 then equality) and republishes the presence at once when a verdict changes. A probe (or study) runs
 only on GPUs that are not ``FAILED``: failed GPUs among the selected ones are left out and named in
-the reply and the result; when no selected GPU is left, the command is refused (``invalid_argument``,
+the reply and the result; when no selected GPU is left, the command is refused (``gpu_failed``,
 ``GPU 3 is failed: XID 79: ...``). ``DEGRADED`` GPUs run, with a warning in the reply and the result.
 """
 
@@ -509,7 +509,7 @@ class ControlClient:
             elif value == common_pb2.GPU_HEALTH_DEGRADED:
                 warnings.append(describe_health(i, value, reason))
         if refused and len(refused) == len(gpu_indices):
-            raise refuse(R.REFUSAL_REASON_INVALID_ARGUMENT, "; ".join(refused.values()))
+            raise refuse(R.REFUSAL_REASON_GPU_FAILED, "; ".join(refused.values()))
         plan = ProbePlan(start, [i for i in gpu_indices if i not in refused])
         plan.refused_gpus = refused
         plan.warnings = warnings

@@ -30,6 +30,7 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_REASON_INVALID_ARGUMENT: _ClassVar[RefusalReason]
     REFUSAL_REASON_TRAINER_UNAVAILABLE: _ClassVar[RefusalReason]
     REFUSAL_REASON_INTERNAL: _ClassVar[RefusalReason]
+    REFUSAL_REASON_GPU_FAILED: _ClassVar[RefusalReason]
 
 class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -54,6 +55,7 @@ REFUSAL_REASON_UNKNOWN_PROBE: RefusalReason
 REFUSAL_REASON_INVALID_ARGUMENT: RefusalReason
 REFUSAL_REASON_TRAINER_UNAVAILABLE: RefusalReason
 REFUSAL_REASON_INTERNAL: RefusalReason
+REFUSAL_REASON_GPU_FAILED: RefusalReason
 AGENT_STATE_UNSPECIFIED: AgentState
 AGENT_STATE_ONLINE: AgentState
 AGENT_STATE_OFFLINE: AgentState

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from agent_helpers import (
@@ -258,6 +259,12 @@ def test_double_bit_ecc_fails_and_a_pending_remap_degrades(
     assert sum(batch_samples(b) for b in batches.values()) == taken, "events and link samples count as samples"
     link3 = [n for b in batches.values() for n in b.nvlink_samples if n.gpu_index == 2 and n.link == 3]
     assert link3[0].crc_flit_errors == 0 and link3[-1].crc_flit_errors == 5 and link3[-1].replay_errors == 5
+    # a link's point goes out when its counters move, else once a minute: in this run of a few seconds, link 3
+    # of GPU 2 has its first point and the one after the errors, every other link its first point only
+    assert len(link3) == 2, [(n.time_unix_ns, n.crc_flit_errors) for n in link3]
+    per_link = Counter((n.gpu_index, n.link) for b in batches.values() for n in b.nvlink_samples)
+    assert len(per_link) == 12 + 12 + 18, per_link  # A100 SXM: 12 links, H100 SXM: 18
+    assert {k: v for k, v in per_link.items() if v != 1} == {(2, 3): 2}, per_link
     assert health_samples(batches, 2)[-1].health == DEGRADED
 
 

@@ -175,7 +175,7 @@ def test_a_probe_on_a_failed_gpu_is_refused_while_the_healthy_gpu_of_the_node_ru
     refused = _start(cli, operator_key, agent.host, "--gpus", "1")
     assert refused.returncode == 1, refused.stdout + refused.stderr
     row = fleet_row(refused.stdout, agent.host)
-    assert "refused  invalid_argument" in row and why in row
+    assert "refused  gpu_failed" in row and why in row
     assert f"warning: {agent.host}: {why}" in refused.stderr
     assert "the agent will refuse the probe" in refused.stderr
     assert "started trainer" not in agent.log()
