@@ -1319,6 +1319,9 @@ static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
         return NVML_SUCCESS;
     }
     switch (f->fieldId) {
+    case 91: /* NVLINK_LINK_COUNT: what nvitop's NVLink view asks first */
+        if (!g->nvlink_links) return NVML_ERROR_NOT_SUPPORTED;
+        f->valueType = VT_UINT; f->value.uiVal = (unsigned)g->nvlink_links; return NVML_SUCCESS;
     case 82: /* MEMORY_TEMP */
         if (!g->mem_temp_supported) return NVML_ERROR_NOT_SUPPORTED;
         f->valueType = VT_UINT; f->value.uiVal = temp_reading(g->mem_temp_c); return NVML_SUCCESS;

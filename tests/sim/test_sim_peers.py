@@ -142,3 +142,43 @@ def test_zeus_monitor_window_energy(settled, sim, cli):
             assert any(zeus_j == pytest.approx(delta_j - k * tick_j, abs=0.002) for k in (0, 1))
             assert any(zeus_j == pytest.approx(i, rel=0.005) for i in integrals_j)
         assert zeus_j == pytest.approx(p_w * r["time"], rel=2 * period_s / r["time"])
+
+
+def test_nvitop_nvlink_and_process_views(sim, cli):
+    """nvitop's NVLink view (link count, per-link throughput) and process view read the simulated GPUs: the
+    SXM H100's 18 links carry traffic while it works, the PCIe L4 has none, and the process holding the GPU
+    is listed with its memory and SM share."""
+    machine = sim.machine([PROFILES["H100-SXM5-80GB"], PROFILES["L4"]])
+    code = textwrap.dedent(
+        """
+        import json, subprocess, sys
+        from pathlib import Path
+        from nvitop import Device
+        from gpuprobe.sim import state
+        holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        state.set_load(Path(sys.argv[1]), 0, 70, holder.pid, 4 << 30, workload="gpt")
+        h100, l4 = Device.all()
+        h100.nvlink_total_throughput(interval=0.3)  # the load has reached the counters
+        out = {
+            "links": [h100.nvlink_link_count(), l4.nvlink_link_count()],
+            "per_link": [t.tx for t in h100.nvlink_throughput(interval=0.5)],
+            "l4": l4.nvlink_throughput(),
+            "processes": {pid: [p.name(), p.gpu_memory(), p.gpu_sm_utilization()]
+                          for pid, p in h100.processes().items()},
+            "holder": holder.pid,
+        }
+        holder.kill()
+        print(json.dumps(out))
+        """
+    )
+    proc = cli(
+        "sim", "run", "--state-dir", str(machine.state_dir), "--", sys.executable, "-c", code, str(machine.state_dir)
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.splitlines()[-1])
+    assert r["links"] == [18, 0]
+    assert len(r["per_link"]) == 18 and all(isinstance(tx, int) and tx > 0 for tx in r["per_link"]), r["per_link"]
+    assert r["l4"] == []
+    (name, memory_bytes, sm_pct) = r["processes"][str(r["holder"])]
+    assert list(r["processes"]) == [str(r["holder"])] and name.startswith("python")
+    assert memory_bytes == 4 << 30 and sm_pct == 70
