@@ -132,10 +132,12 @@ class Collector:
             self.port = self.server.add_insecure_port(address)
         if not self.port:
             raise OSError(f"cannot listen on {config.listen}")
-        await self.server.start()
         if config.metrics_listen:
+            # before the gRPC server starts: a worker whose metrics port is taken must fail before it
+            # accepts a stream (started, its SO_REUSEPORT socket would take streams that nobody serves)
             metrics_host, metrics_port = parse_address(config.metrics_listen, "--metrics-listen")
             self.metrics.serve(metrics_host, metrics_port + self.worker if metrics_port else 0)
+        await self.server.start()
         log.info(
             "collector %s worker %d serving on port %d (%s, %s); WAL %s with %d lines queued; InfluxDB %s (%s API);"
             " batches acked once %s",

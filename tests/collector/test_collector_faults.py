@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -345,10 +348,22 @@ def test_sigterm_acks_what_is_durable_ends_streams_with_unavailable_and_keeps_th
     assert_exactly_once(influxdb.server, influxdb.name, fleet.sent)
 
 
+def free_port_pair() -> int:
+    """A port ``p`` with ``p + 1`` free too: worker ``i`` serves its metrics on ``p + i``. A lone free port's
+    neighbour is often an outgoing connection's (both come from the ephemeral range)."""
+    for _ in range(100):
+        port = free_port()
+        if port < 65535:
+            with contextlib.suppress(OSError), socket.socket() as probe:
+                probe.bind(("127.0.0.1", port + 1))
+                return port
+    raise AssertionError("no two neighbouring free ports")
+
+
 def test_workers_share_one_port_each_with_its_own_wal_and_metrics(
     influxdb: InfluxDBDatabase, tmp_path: Path, collector_process: Callable[..., CollectorProcess]
 ) -> None:
-    metrics_port = free_port()
+    metrics_port = free_port_pair()
     process = collector_process(
         "--insecure",
         "--workers", "2",
@@ -381,6 +396,26 @@ def test_workers_share_one_port_each_with_its_own_wal_and_metrics(
     assert process.proc is not None
     process.proc.send_signal(signal.SIGTERM)
     assert process.proc.wait(20) == 0
+
+
+def test_a_worker_whose_metrics_port_is_taken_stops_the_collector_before_it_serves(tmp_path: Path) -> None:
+    """Worker 1's metrics port (``--metrics-listen`` port + 1) is taken: the collector exits 1 and says why
+    instead of running on with one worker (what made test_workers_share_one_port... hang in CI when the
+    port next to its free metrics port was an outgoing connection's)."""
+    metrics_port = free_port_pair()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", metrics_port + 1))
+        taken.listen()
+        done = subprocess.run(
+            [
+                sys.executable, "-m", "gpuprobe", "--log-level", "info", "collector", "--insecure",
+                "--workers", "2", "--listen", f"127.0.0.1:{free_port()}", "--influx-url", "http://127.0.0.1:9",
+                "--wal", str(tmp_path / "wal"), "--metrics-listen", f"127.0.0.1:{metrics_port}",
+            ],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "a collector worker failed to start" in done.stderr and "Address already in use" in done.stderr
 
 
 def test_plaintext_without_insecure_refuses_to_start(
