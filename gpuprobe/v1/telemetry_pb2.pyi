@@ -126,7 +126,7 @@ class Welcome(_message.Message):
     def __init__(self, collector_id: _Optional[str] = ..., collector_version: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., time_unix_ns: _Optional[int] = ...) -> None: ...
 
 class SampleBatch(_message.Message):
-    __slots__ = ("agent_id", "seq", "created_unix_ns", "gpus", "gpu_samples", "node_samples", "acoustic_samples", "trainer_samples", "probe_events", "stats", "gpu_info", "gpu_events", "process_samples", "nvlink_samples", "mig_samples")
+    __slots__ = ("agent_id", "seq", "created_unix_ns", "gpus", "gpu_samples", "node_samples", "acoustic_samples", "trainer_samples", "probe_events", "stats", "gpu_info", "gpu_events", "process_samples", "nvlink_samples", "mig_samples", "gpu_aggregates")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class SampleBatch(_message.Message):
     PROCESS_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     NVLINK_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MIG_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    GPU_AGGREGATES_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     created_unix_ns: int
@@ -157,7 +158,28 @@ class SampleBatch(_message.Message):
     process_samples: _containers.RepeatedCompositeFieldContainer[ProcessSample]
     nvlink_samples: _containers.RepeatedCompositeFieldContainer[NvLinkSample]
     mig_samples: _containers.RepeatedCompositeFieldContainer[MigSample]
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuRef, _Mapping[str, object]]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping[str, object]]]] = ..., node_samples: _Optional[_Iterable[_Union[NodeSample, _Mapping[str, object]]]] = ..., acoustic_samples: _Optional[_Iterable[_Union[AcousticSample, _Mapping[str, object]]]] = ..., trainer_samples: _Optional[_Iterable[_Union[TrainerSample, _Mapping[str, object]]]] = ..., probe_events: _Optional[_Iterable[_Union[ProbeEvent, _Mapping[str, object]]]] = ..., stats: _Optional[_Union[AgentStats, _Mapping[str, object]]] = ..., gpu_info: _Optional[_Iterable[_Union[_common_pb2.GpuInfo, _Mapping[str, object]]]] = ..., gpu_events: _Optional[_Iterable[_Union[GpuEvent, _Mapping[str, object]]]] = ..., process_samples: _Optional[_Iterable[_Union[ProcessSample, _Mapping[str, object]]]] = ..., nvlink_samples: _Optional[_Iterable[_Union[NvLinkSample, _Mapping[str, object]]]] = ..., mig_samples: _Optional[_Iterable[_Union[MigSample, _Mapping[str, object]]]] = ...) -> None: ...
+    gpu_aggregates: _containers.RepeatedCompositeFieldContainer[GpuAggregate]
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., created_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuRef, _Mapping[str, object]]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping[str, object]]]] = ..., node_samples: _Optional[_Iterable[_Union[NodeSample, _Mapping[str, object]]]] = ..., acoustic_samples: _Optional[_Iterable[_Union[AcousticSample, _Mapping[str, object]]]] = ..., trainer_samples: _Optional[_Iterable[_Union[TrainerSample, _Mapping[str, object]]]] = ..., probe_events: _Optional[_Iterable[_Union[ProbeEvent, _Mapping[str, object]]]] = ..., stats: _Optional[_Union[AgentStats, _Mapping[str, object]]] = ..., gpu_info: _Optional[_Iterable[_Union[_common_pb2.GpuInfo, _Mapping[str, object]]]] = ..., gpu_events: _Optional[_Iterable[_Union[GpuEvent, _Mapping[str, object]]]] = ..., process_samples: _Optional[_Iterable[_Union[ProcessSample, _Mapping[str, object]]]] = ..., nvlink_samples: _Optional[_Iterable[_Union[NvLinkSample, _Mapping[str, object]]]] = ..., mig_samples: _Optional[_Iterable[_Union[MigSample, _Mapping[str, object]]]] = ..., gpu_aggregates: _Optional[_Iterable[_Union[GpuAggregate, _Mapping[str, object]]]] = ...) -> None: ...
+
+class GpuAggregate(_message.Message):
+    __slots__ = ("start_unix_ns", "interval_ms", "gpu_index", "sample_count", "mean", "min", "max", "last")
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    start_unix_ns: int
+    interval_ms: int
+    gpu_index: int
+    sample_count: int
+    mean: GpuSample
+    min: GpuSample
+    max: GpuSample
+    last: GpuSample
+    def __init__(self, start_unix_ns: _Optional[int] = ..., interval_ms: _Optional[int] = ..., gpu_index: _Optional[int] = ..., sample_count: _Optional[int] = ..., mean: _Optional[_Union[GpuSample, _Mapping[str, object]]] = ..., min: _Optional[_Union[GpuSample, _Mapping[str, object]]] = ..., max: _Optional[_Union[GpuSample, _Mapping[str, object]]] = ..., last: _Optional[_Union[GpuSample, _Mapping[str, object]]] = ...) -> None: ...
 
 class GpuRef(_message.Message):
     __slots__ = ("index", "uuid", "name")
