@@ -316,32 +316,30 @@ def _unpack(name: str, x: np.ndarray, steady_fan: float, fixed: Inlet | None = N
         return StageModel(name, t_amb, (Stage(float(x[2]), math.exp(x[3])),), None, None, off, 4)
     rf, tau_f, rs = float(x[2]), math.exp(x[3]), float(x[4])
     tau_s = tau_f * math.exp(x[5])
-    k = 6
     inlet = None
-    if "inlet" in name and fixed is not None:
+    if "inlet" in name:
+        # the inlet is the node's, fitted jointly (_fit_joint): a GPU's own fit never frees it
+        if fixed is None:
+            raise ValueError(f"{name}: the inlet stage is fitted per node, so a GPU's fit needs it given")
         inlet = fixed
-    elif "inlet" in name:
-        inlet = Inlet(float(x[6]), tau_s * math.exp(x[7]))
-        k = 8
-    fan = FanLaw(float(x[k]), steady_fan) if "fan" in name else None
+    fan = FanLaw(float(x[6]), steady_fan) if "fan" in name else None
     return StageModel(name, t_amb, (Stage(rf, tau_f), Stage(rs, tau_s)), inlet, fan, off, len(x))
 
 
-def _pack(model: StageModel, fixed: Inlet | None = None) -> np.ndarray:
+def _pack(model: StageModel) -> np.ndarray:
+    """The parameters a GPU's own fit varies (never the node's inlet stage)."""
     x = [model.t_amb_c, model.x0_offset_c]
     if model.name == "rc1":
         st = model.stages[0]
         return np.array([*x, st.r_c_per_w, math.log(st.tau_s)])
     fast, slow = model.stages
     x += [fast.r_c_per_w, math.log(fast.tau_s), slow.r_c_per_w, math.log(slow.tau_s / fast.tau_s)]
-    if model.inlet is not None and fixed is None:
-        x += [model.inlet.c_per_w, math.log(model.inlet.tau_s / slow.tau_s)]
     if model.fan is not None:
         x += [model.fan.floor]
     return np.array(x, dtype=float)
 
 
-def _bounds(name: str, fixed: Inlet | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _bounds(name: str) -> tuple[np.ndarray, np.ndarray]:
     lo = [-50.0, -40.0]
     hi = [150.0, 40.0]
     ln_lo, ln_hi = math.log(TAU_MIN_S), math.log(TAU_MAX_S)
@@ -349,9 +347,6 @@ def _bounds(name: str, fixed: Inlet | None = None) -> tuple[np.ndarray, np.ndarr
         return np.array([*lo, 0.0, ln_lo]), np.array([*hi, 20.0, ln_hi])
     lo += [0.0, ln_lo, 0.0, math.log(FAST_RATIO_MIN)]
     hi += [20.0, math.log(TAU_MAX_S / 10), 20.0, math.log(1e5)]
-    if "inlet" in name and fixed is None:
-        lo += [0.0, math.log(INLET_RATIO_MIN)]
-        hi += [0.5, math.log(1e4)]
     if "fan" in name:
         lo += [0.05]
         hi += [1.0]
@@ -365,17 +360,18 @@ def _fit(
     steady_fan: float,
     fixed: Inlet | None = None,
 ) -> StageModel | None:
-    """The best of the least-squares fits from each start (``fixed``: the inlet stage is not fitted)."""
+    """The best of the least-squares fits from each start (``fixed``: the node's inlet stage, given to an
+    inlet model and not fitted)."""
     from scipy.optimize import least_squares
 
     fixed = fixed if "inlet" in name else None
-    lo, hi = _bounds(name, fixed)
+    lo, hi = _bounds(name)
     best: tuple[float, StageModel] | None = None
     span = hi - lo
     for start in starts:
         if fixed is not None:
             start = StageModel(name, start.t_amb_c, start.stages, fixed, start.fan, start.x0_offset_c, 0)
-        x0 = np.clip(_pack(start, fixed), lo + 1e-9 * span, hi - 1e-9 * span)
+        x0 = np.clip(_pack(start), lo + 1e-9 * span, hi - 1e-9 * span)
         for dead_zone in (False, True) if p.quantized else (False,):
 
             def residuals(x: np.ndarray, dz: bool = dead_zone) -> np.ndarray:
@@ -401,9 +397,9 @@ def _starts(
     base: dict[str, StageModel],
     rc1_guesses: list[StageModel],
     steady_fan: float,
-    mean_u: float,
-    mean_un: float,
 ) -> list[StageModel]:
+    """Starting points of a GPU's own candidates (``rc1``, ``rc2``, ``rc2+fan``; the inlet ones start from
+    :func:`_joint_starts`)."""
     if name == "rc1":
         return rc1_guesses
     if name == "rc2":
@@ -425,26 +421,13 @@ def _starts(
                 )
             )
         return out
-    own = base.get("rc2+inlet") if name == "rc2+inlet+fan" else base.get("rc2")
-    if own is None:
+    own = base.get("rc2")
+    if own is None or name != "rc2+fan":
         return []
-    out = []
-    if "inlet" in name and own.inlet is None:
-        fast, slow = own.stages
-        for share, ratio in ((0.0, 4.0), (0.2, 4.0), (0.3, 8.0)):
-            # move a share of the slow stage's rise to the inlet (the rc2 fit absorbed the node's air in it)
-            k_in = max(share * slow.r_c_per_w * mean_u / max(mean_un, 1e-9), 1e-5)
-            stages = (fast, Stage((1 - share) * slow.r_c_per_w, max(slow.tau_s * (1 - share), fast.tau_s * 2.5)))
-            out.append(StageModel(name, own.t_amb_c, stages, Inlet(k_in, slow.tau_s * ratio), None, own.x0_offset_c, 8))
-    else:
-        out.append(own)
-    if "fan" in name:
-        out = [
-            StageModel(name, m.t_amb_c, m.stages, m.inlet, FanLaw(floor, steady_fan), m.x0_offset_c, m.parameters + 1)
-            for m in out
-            for floor in (0.99, 0.6)
-        ]
-    return out
+    return [
+        StageModel(name, own.t_amb_c, own.stages, None, FanLaw(floor, steady_fan), own.x0_offset_c, own.parameters + 1)
+        for floor in (0.99, 0.6)
+    ]
 
 
 @dataclass(frozen=True)
@@ -525,7 +508,7 @@ def _prepare(m: StagedInput, holdout: float) -> _Gpu | None:
     gpu = _Gpu(train, whole, held, split_ns, steady_fan, duration, notes, {}, {}, [])
     names = ["rc1", "rc2"] + (["rc2+fan"] if fan_pct is not None else [])
     for name in names:
-        model = _fit(name, train, _starts(name, gpu.fitted, starts1, steady_fan, 0.0, 0.0), steady_fan)
+        model = _fit(name, train, _starts(name, gpu.fitted, starts1, steady_fan), steady_fan)
         if model is None:
             notes.append(f"{name}: the fit failed")
             continue
@@ -623,7 +606,7 @@ def _fit_joint(
     )
     sizes = []
     for name in names:
-        lo, hi = _bounds(name, Inlet(0.0, 1.0))
+        lo, hi = _bounds(name)
         lo_parts.append(lo)
         hi_parts.append(hi)
         sizes.append(len(lo))
@@ -684,7 +667,7 @@ def _fit_joint(
     # every start a few iterations, the best of them to convergence, then the dead-zone refinement
     best: tuple[float, np.ndarray] | None = None
     for inlet, own in starts:
-        x0 = np.concatenate([[inlet.c_per_w, math.log(inlet.tau_s)], *[_pack(m, inlet) for m in own]])
+        x0 = np.concatenate([[inlet.c_per_w, math.log(inlet.tau_s)], *[_pack(m) for m in own]])
         x = solve(np.clip(x0, lo_all + 1e-9 * span, hi_all - 1e-9 * span), False, 8 if len(starts) > 1 else None)
         if x is None:
             continue
