@@ -13,6 +13,11 @@ spooled, sent and acknowledged like every sample: every GPU's facts go into the 
 a GPU's facts again into the next batch whenever they differ from what was last put into one (a GPU
 that answers for the first time, or whose facts changed after it was lost). ``gpus`` is asked for the
 current facts each time a batch is taken.
+
+The GPU samples pass through the resolution policy (:mod:`gpuprobe.agent.resolution`) when a batch is
+taken: outside a high-resolution window they leave as ``gpu_aggregates``, and their raw copy as a batch
+of its own for the spool's flight recorder (:class:`Taken`); every other kind of sample is shipped as it
+came.
 """
 
 from __future__ import annotations
@@ -20,21 +25,28 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuprobe.agent.metrics import Counters
+from gpuprobe.agent.resolution import FAULT_EVENT_KINDS, ResolutionPolicy
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
-# the GPU events whose batch goes to the spool at once (the faults)
-URGENT_EVENT_KINDS = frozenset(
-    {
-        telemetry_pb2.GPU_EVENT_KIND_XID,
-        telemetry_pb2.GPU_EVENT_KIND_ECC_SINGLE_BIT,
-        telemetry_pb2.GPU_EVENT_KIND_ECC_DOUBLE_BIT,
-        telemetry_pb2.GPU_EVENT_KIND_LOST,
-        telemetry_pb2.GPU_EVENT_KIND_RECOVERED,
-    }
-)
+# the GPU events whose batch goes to the spool at once (the faults, and a lost GPU's return)
+URGENT_EVENT_KINDS = FAULT_EVENT_KINDS | {telemetry_pb2.GPU_EVENT_KIND_RECOVERED}
+
+
+@dataclass
+class Taken:
+    """One take: the batch to ship (None when everything taken waits for its interval or is recorded
+    only), and the raw GPU samples for the flight recorder."""
+
+    batch: telemetry_pb2.SampleBatch | None
+    samples: int  # of ``batch``; an aggregate counts as one sample (it is one point)
+    recorded: telemetry_pb2.SampleBatch | None = None
+    recorded_samples: int = 0
+    promote_since_ns: int | None = None  # a high-resolution window opened: ship the recorder since then
+    hires: bool = True
 
 
 class Batcher:
@@ -45,6 +57,7 @@ class Batcher:
         counters: Counters,
         max_samples: int = 2000,
         on_full: Callable[[], None] | None = None,
+        policy: ResolutionPolicy | None = None,
     ) -> None:
         if max_samples < 100:
             raise ValueError(f"a batch must be allowed at least 100 samples (wire contract), not {max_samples}")
@@ -54,6 +67,7 @@ class Batcher:
         self._counters = counters
         self.max_samples = max_samples
         self.on_full = on_full
+        self.policy = policy if policy is not None else ResolutionPolicy("full")
         self._lock = threading.Lock()
         self._gpu: list[dict[str, Any]] = []
         self._other: list[tuple[str, Any]] = []  # (repeated field name, message)
@@ -120,25 +134,64 @@ class Batcher:
     def add_mig(self, samples: Sequence[telemetry_pb2.MigSample]) -> None:
         self._add("mig_samples", samples)
 
-    def take(self) -> tuple[telemetry_pb2.SampleBatch, int] | None:
-        """The open batch and its sample count (a new one is opened), or None when it is empty."""
+    def take(self, final: bool = False) -> Taken | None:
+        """The open batch, passed through the resolution policy (a new batch is opened), or None when
+        there is nothing to ship or record. ``final``: the agent stops; no interval waits any longer."""
+        policy = self.policy
         with self._lock:
-            if not self._count:
+            if not self._count and not policy.pending:
                 return None
             gpu, other, count = self._gpu, self._other, self._count
             self._gpu, self._other, self._count = [], [], 0
-        batch = telemetry_pb2.SampleBatch(gpu_samples=gpu)
-        for kind, message in other:
-            getattr(batch, kind).append(message)
-        batch.agent_id = self.agent_id
-        batch.created_unix_ns = time.time_ns()
-        infos = self._gpus()
-        batch.gpus.extend(telemetry_pb2.GpuRef(index=g.index, uuid=g.uuid, name=g.name) for g in infos)
-        for info in infos:
-            if self._sent_infos.get(info.index) != info:
-                batch.gpu_info.append(info)
-                self._sent_infos[info.index] = info
-        read_errors, missed_ticks = self._counters.take_batch_deltas()
-        batch.stats.read_errors = read_errors
-        batch.stats.missed_ticks = missed_ticks
-        return batch, count
+        now_ns = time.time_ns()
+        if policy.full:
+            decision = None
+        else:
+            gpu_events = [m for kind, m in other if kind == "gpu_events"]
+            probe_events = [m for kind, m in other if kind == "probe_events"]
+            decision = policy.take(gpu, gpu_events, probe_events, now_ns, final)
+        refs = None
+        recorded = None
+        if decision is not None and decision.recorded:
+            refs = self._refs()
+            recorded = telemetry_pb2.SampleBatch(
+                agent_id=self.agent_id, created_unix_ns=now_ns, gpus=refs, gpu_samples=decision.recorded
+            )
+        shipped = count
+        if decision is not None:
+            shipped = count - len(gpu) + len(decision.raw) + len(decision.aggregates)
+        batch = None
+        if shipped:
+            if decision is None:
+                batch = telemetry_pb2.SampleBatch(gpu_samples=gpu)
+            else:
+                batch = telemetry_pb2.SampleBatch(gpu_samples=decision.raw, gpu_aggregates=decision.aggregates)
+            for kind, message in other:
+                getattr(batch, kind).append(message)
+            batch.agent_id = self.agent_id
+            batch.created_unix_ns = now_ns
+            infos = self._gpus()
+            batch.gpus.extend(refs if refs is not None else self._refs(infos))
+            for info in infos:
+                if self._sent_infos.get(info.index) != info:
+                    batch.gpu_info.append(info)
+                    self._sent_infos[info.index] = info
+            read_errors, missed_ticks = self._counters.take_batch_deltas()
+            batch.stats.read_errors = read_errors
+            batch.stats.missed_ticks = missed_ticks
+        if batch is None and recorded is None:
+            return None
+        return Taken(
+            batch,
+            shipped,
+            recorded,
+            len(decision.recorded) if decision is not None else 0,
+            decision.promote_since_ns if decision is not None else None,
+            decision.hires if decision is not None else True,
+        )
+
+    def _refs(self, infos: Sequence[common_pb2.GpuInfo] | None = None) -> list[telemetry_pb2.GpuRef]:
+        return [
+            telemetry_pb2.GpuRef(index=g.index, uuid=g.uuid, name=g.name)
+            for g in (self._gpus() if infos is None else infos)
+        ]

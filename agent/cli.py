@@ -172,6 +172,33 @@ AGENT_OPTIONS = [
         parse_duration,
         1.0,
     ),
+    Option(
+        "resolution",
+        "what GPU samples are shipped: auto = per-interval aggregates (mean, min, max, last), every sample during"
+        " a probe and for --hires-after after a trigger (thermal or HW slowdown, power brake, XID, ECC, lost"
+        " GPU); full = every sample",
+        default="auto",
+        choices=["auto", "full"],
+    ),
+    Option(
+        "aggregate_interval",
+        "the interval of one aggregate in resolution auto (whole ms, at least the sampling interval)",
+        parse_duration,
+        1.0,
+    ),
+    Option(
+        "hires_after",
+        "in resolution auto, ship every sample for this long after a trigger (0: triggers open no window)",
+        parse_duration,
+        300.0,
+    ),
+    Option(
+        "flight_recorder",
+        "in resolution auto, keep this long of every sample in the spool, shipped when a trigger or probe"
+        " opens a high-resolution window (0: off)",
+        parse_duration,
+        300.0,
+    ),
     Option("hwmon_dir", "where the hwmon sensors are (sysfs)", Path, Path("/sys/class/hwmon"), metavar="DIR"),
     Option("check", "validate the configuration, print the effective settings and exit", is_flag=True, default=False),
     *_fleet_options(),

@@ -39,9 +39,25 @@ class Totals:
     spool_batches: int = 0
     connected: int = 0
     acked_seq: int = 0
+    gpu_aggregates: int = 0
+    samples_promoted: int = 0
+    recorder_trimmed_samples: int = 0
+    recorder_batches: int = 0
+    recorder_samples: int = 0
+    recorder_bytes: int = 0
+    high_resolution: int = 0
 
 
-GAUGES = {"spool_bytes", "spool_batches", "connected", "acked_seq"}
+GAUGES = {
+    "spool_bytes",
+    "spool_batches",
+    "connected",
+    "acked_seq",
+    "recorder_batches",
+    "recorder_samples",
+    "recorder_bytes",
+    "high_resolution",
+}
 
 HELP = {
     "samples_taken": "Samples taken by the sensors (GPU, node, acoustic, trainer).",
@@ -63,6 +79,14 @@ HELP = {
     "spool_batches": "Batches held in the spool (not yet acknowledged).",
     "connected": "1 while a stream to a collector is open and welcomed.",
     "acked_seq": "Highest batch sequence number acknowledged by a collector.",
+    "gpu_aggregates": "GPU aggregates (one GPU, one --aggregate-interval) put into batches (--resolution auto).",
+    "samples_promoted": "Raw GPU samples moved from the flight recorder into the shipped batches (window opened).",
+    "recorder_trimmed_samples": "Raw GPU samples the flight recorder let go by age or size (not drops: their"
+    " aggregates were shipped); since the spool was opened.",
+    "recorder_batches": "Batches of raw GPU samples held by the spool's flight recorder.",
+    "recorder_samples": "Raw GPU samples held by the spool's flight recorder.",
+    "recorder_bytes": "Bytes held by the spool's flight recorder.",
+    "high_resolution": "1 while every GPU sample is shipped (a probe, a trigger's window or --resolution full).",
 }
 
 

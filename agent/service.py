@@ -34,6 +34,7 @@ from gpuprobe import __version__
 from gpuprobe.agent import identity
 from gpuprobe.agent.batcher import Batcher
 from gpuprobe.agent.metrics import Counters, serve_metrics
+from gpuprobe.agent.resolution import ResolutionPolicy
 from gpuprobe.agent.sampler import Sampler
 from gpuprobe.agent.sensors.acoustic import Microphone
 from gpuprobe.agent.sensors.events import EVENT_TYPES, EventThread
@@ -82,6 +83,8 @@ class Agent:
         self._spool_failing_since: float | None = None
         self._last_spool_error_log = 0.0
         self.events: EventThread | None = None
+        # a high-resolution window opened: the recorder's batches since then still have to be promoted
+        self._promote_since_ns: int | None = None
 
     def run(self) -> int:
         return asyncio.run(self._main())
@@ -101,7 +104,8 @@ class Agent:
             loop.add_signal_handler(sig, stop.set)
         parts.callback(self.notifier.close)
         try:
-            spool = Spool(s.spool_dir, s.spool_max_bytes, s.spool_max_age_s)
+            recorder_s = s.flight_recorder_s if s.resolution == "auto" else 0.0
+            spool = Spool(s.spool_dir, s.spool_max_bytes, s.spool_max_age_s, recorder_s)
         except SpoolError as e:
             log.error("%s", e)
             return 1
@@ -179,7 +183,13 @@ class Agent:
                 state.oldest_seq,
                 state.newest_seq,
             )
-        self.counters.set(spool_bytes=state.bytes, spool_batches=state.batches)
+        self.counters.set(
+            spool_bytes=state.bytes,
+            spool_batches=state.batches,
+            recorder_batches=state.recorded_batches,
+            recorder_samples=state.recorded_samples,
+            recorder_bytes=state.recorded_bytes,
+        )
 
     def _open_gpus(self) -> GpuSensor | None:
         """NVML's GPUs (None: the host and acoustics only), and the identity that they complete."""
@@ -222,6 +232,7 @@ class Agent:
             self.counters,
             s.batch_max_samples,
             on_full=lambda: void(loop.call_soon_threadsafe(flush_now.set)),
+            policy=ResolutionPolicy(s.resolution, s.aggregate_interval_s, s.hires_after_s, s.flight_recorder_s),
         )
         self.uplink = Uplink(s.uplink, self.spool, self._hello, self.counters)
         return Sampler(
@@ -302,7 +313,7 @@ class Agent:
         if trainer is not None:
             await trainer.stop()
         await _cancel(tasks)
-        await self._flush()
+        await self._flush(final=True)
         if self._unspooled:
             held = self._unspooled
             log.error(
@@ -371,29 +382,81 @@ class Agent:
             # completes anyway; the stop's own flush then waits for this one (the lock)
             await asyncio.shield(self._flush())
 
-    async def _flush(self) -> None:
+    async def _flush(self, final: bool = False) -> None:
         """Moves the open batch into the spool, after any batches that wait in memory for room."""
         async with self._flush_lock:
-            await self._flush_locked()
+            await self._flush_locked(final)
 
-    async def _flush_locked(self) -> None:
-        taken = self.batcher.take()
+    async def _flush_locked(self, final: bool = False) -> None:
+        taken = self.batcher.take(final)
+        record: tuple[telemetry_pb2.SampleBatch, int] | None = None
         if taken is not None:
-            self._unspooled.append(*taken)
+            self.counters.set(high_resolution=int(taken.hires))
+            if taken.promote_since_ns is not None and self._promote_since_ns is None:
+                self._promote_since_ns = taken.promote_since_ns
+            if taken.recorded is not None:
+                record = (taken.recorded, taken.recorded_samples)
+            if taken.batch is not None:
+                self._unspooled.append(taken.batch, taken.samples)
+                self.counters.add(gpu_aggregates=len(taken.batch.gpu_aggregates))
+        if record is not None and not self._unspooled:
+            await self._record(*record)
         while self._unspooled:
             batch, samples = self._unspooled.oldest()
             try:
+                # the recorder's batch and a promotion ride in the first append's transaction
                 appended = await self.spool.append(
-                    batch, samples, protect=self.uplink.protected, dropped_elsewhere=self._unspooled.dropped
+                    batch,
+                    samples,
+                    protect=self.uplink.protected,
+                    dropped_elsewhere=self._unspooled.dropped,
+                    record=record,
+                    promote_since_ns=self._promote_since_ns,
                 )
             except Exception as e:  # disk full with nothing left to drop, I/O error: wait in memory
-                self._spool_failed(e)
+                self._spool_failed(e)  # (the recorder's batch is lost: it is a copy of what was shipped)
                 return
+            record = None
+            self._promote_since_ns = None
             self._unspooled.spooled()
             self._spooled(appended, samples)
 
+    async def _record(self, batch: telemetry_pb2.SampleBatch, samples: int) -> None:
+        """The flight recorder's batch alone; a failure loses it (the aggregates of its samples are shipped)."""
+        try:
+            await self.spool.record(batch, samples)
+        except Exception as e:
+            log.debug("could not record raw samples in the spool's flight recorder: %s", e)
+            return
+        self._recorder_state()
+
+    def _recorder_state(self) -> None:
+        spool = self.spool.spool
+        batches, samples, size = spool.recorded
+        self.counters.set(
+            recorder_batches=batches,
+            recorder_samples=samples,
+            recorder_bytes=size,
+            recorder_trimmed_samples=spool.recorder_trimmed_samples,
+        )
+
     def _spooled(self, appended: Appended, samples: int) -> None:
         spool = self.spool.spool
+        if appended.promoted:
+            promoted_samples = sum(p.samples for p in appended.promoted)
+            self.counters.add(
+                batches_spooled=len(appended.promoted),
+                samples_spooled=promoted_samples,
+                samples_promoted=promoted_samples,
+            )
+            log.info(
+                "high-resolution window: the flight recorder's %d batches (%d samples, seq %d-%d) are shipped",
+                len(appended.promoted),
+                promoted_samples,
+                appended.promoted[0].seq,
+                appended.promoted[-1].seq,
+            )
+        self._recorder_state()
         self.counters.add(
             batches_spooled=1,
             samples_spooled=samples,

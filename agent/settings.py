@@ -92,6 +92,10 @@ class AgentSettings:
     pcie_interval_s: float
     hwmon_dir: Path
     health_interval_s: float = 1.0  # 0: no health reads (ECC, NVLink, GPM, MIG, processes)
+    resolution: str = "auto"  # auto: aggregates outside high-resolution windows; full: every sample
+    aggregate_interval_s: float = 1.0
+    hires_after_s: float = 300.0  # a window's length after its last trigger
+    flight_recorder_s: float = 300.0  # raw samples kept in the spool outside windows (0: off)
     control: ControlSettings | None = None  # --broker: the embedded control plane (gpuprobe.agent.fleet)
 
     @classmethod
@@ -132,6 +136,10 @@ class AgentSettings:
             pcie_interval_s=float(v["pcie_interval"]),
             hwmon_dir=Path(v["hwmon_dir"]),
             health_interval_s=float(v["health_interval"]),
+            resolution=str(v["resolution"]),
+            aggregate_interval_s=float(v["aggregate_interval"]),
+            hires_after_s=float(v["hires_after"]),
+            flight_recorder_s=float(v["flight_recorder"]),
             control=control,
         )
 
@@ -147,6 +155,7 @@ class AgentSettings:
             f"sampling         every {self.interval_s:g} s ({1 / self.interval_s:g} Hz); host and acoustics every 1 s;"
             f" PCIe every {self.pcie_interval_s:g} s;"
             f" health {f'every {self.health_interval_s:g} s' if self.health_interval_s else 'off'}",
+            f"resolution       {self._describe_resolution()}",
             f"batches          <= {self.batch_max_samples} samples or {self.flush_interval_s:g} s",
             f"spool            {self.spool_dir} (cap {self.spool_max_bytes} bytes"
             f"{f', {self.spool_max_age_s:g} s' if self.spool_max_age_s else ''};"
@@ -169,6 +178,15 @@ class AgentSettings:
                 f" {', '.join(sorted(c.trusted_keys))}; control dir {c.state_dir}"
             )
         return "\n".join(lines)
+
+    def _describe_resolution(self) -> str:
+        if self.resolution == "full":
+            return "full (every sample is shipped)"
+        recorder = f"flight recorder {self.flight_recorder_s:g} s" if self.flight_recorder_s else "no flight recorder"
+        return (
+            f"auto: {self.aggregate_interval_s:g} s aggregates; every sample during a probe and for"
+            f" {self.hires_after_s:g} s after a trigger; {recorder}"
+        )
 
 
 def _need(ok: bool, message: str) -> None:
@@ -199,6 +217,18 @@ def _check_ranges(v: dict[str, Any]) -> None:
     _need(v["proxy_air_rise_c"] > 0, "--proxy-air-rise-c must be positive")
     _need(v["proxy_chassis_airflow_m3_per_s"] > 0, "--proxy-chassis-airflow-m3-per-s must be positive")
     _need(0 < v["proxy_chassis_min_pct"] <= 100, "--proxy-chassis-min-pct must be in (0, 100]")
+    aggregate = float(v["aggregate_interval"])
+    _need(
+        v["resolution"] == "full" or interval <= aggregate <= MAX_INTERVAL_S,
+        f"--aggregate-interval must be at least --interval ({interval:g} s) and at most {MAX_INTERVAL_S:g} s,"
+        f" not {aggregate:g} (or ship every sample: --resolution full)",
+    )
+    _need(
+        abs(aggregate * 1000 - round(aggregate * 1000)) < 1e-6,
+        f"--aggregate-interval must be a whole number of milliseconds, not {aggregate:g} s",
+    )
+    _need(v["hires_after"] >= 0, "--hires-after must not be negative (0: triggers open no window, only probes do)")
+    _need(v["flight_recorder"] >= 0, "--flight-recorder must not be negative (0: off)")
     _need(
         v["health_interval"] == 0 or v["health_interval"] >= 1,
         f"--health-interval must be at least 1 s (0: off), not {v['health_interval']:g}",

@@ -12,6 +12,10 @@ Format (``<spool dir>/spool.sqlite3``, SQLite with a rollback journal, ``synchro
             created_unix_ns INTEGER,
             samples INTEGER,
             payload BLOB)                    a serialized gpuprobe.v1.SampleBatch, exactly as sent
+    recorded(id INTEGER PRIMARY KEY,         the flight recorder: raw GPU samples that were shipped
+             created_unix_ns INTEGER,        as aggregates (agent/resolution.py), the last
+             samples INTEGER,                ``recorder_max_age_s`` of them; no seq
+             payload BLOB)                   a serialized SampleBatch without seq and stats
 
 ``<spool dir>/lock`` is held (``flock``) by the agent that owns the spool, so two agents never share
 one.
@@ -41,6 +45,14 @@ Invariants:
    still answer "database or disk is full" (another process filled the disk), the oldest rows are
    dropped in a transaction of their own until the batch fits; when that fails too,
    :class:`SpoolDiskFull` is raised, and the agent holds batches in memory (bounded) and tries again.
+
+The flight recorder lives beside the batches, outside the sequence, so the shipped seqs have no
+gaps: a recorded batch is never sent unless :meth:`Spool.append` is asked to promote it (a
+high-resolution window opened), which moves the recorded batches created since a time into
+``batches`` with the next seqs, in their order, in the same transaction as the batch appended. The
+recorder is trimmed by age (``recorder_max_age_s``) and always before any batch when bytes are short
+(the size cap counts both tables; the recorder's rows are copies of what was shipped as aggregates,
+so trimming them is not a drop). A spool of an older agent gets the table when it is opened.
 
 A file that SQLite cannot read is moved aside (``spool.sqlite3.corrupt-<unix time>``) with an error
 log, and a new spool (new ``spool_id``) is started: sampling matters more than an unreadable file.
@@ -106,6 +118,7 @@ class Appended:
     dropped_batches: int
     payload: bytes
     disk_full: bool = False  # the spool's disk was full: room was made first
+    promoted: tuple[Stored, ...] = ()  # recorded batches moved into the sequence (seqs before ``seq``)
 
     def stored(self) -> Stored:
         return Stored(self.seq, self.samples, self.payload)
@@ -126,17 +139,23 @@ class SpoolState:
     samples: int
     bytes: int
     last_seq: int
+    recorded_batches: int = 0  # the flight recorder
+    recorded_samples: int = 0
+    recorded_bytes: int = 0
 
 
 class Spool:
     """Synchronous API; use it from one thread at a time (:class:`AsyncSpool` does that for the agent)."""
 
-    def __init__(self, directory: Path, max_bytes: int = 512 * 2**20, max_age_s: float = 0.0) -> None:
+    def __init__(
+        self, directory: Path, max_bytes: int = 512 * 2**20, max_age_s: float = 0.0, recorder_max_age_s: float = 0.0
+    ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"the spool's size cap must be positive, not {max_bytes}")
         self.directory = directory
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
+        self.recorder_max_age_s = recorder_max_age_s  # 0: nothing is recorded
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o750)
             self._lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
@@ -151,6 +170,7 @@ class Spool:
             self._db = self._open_db()
         except sqlite3.DatabaseError as e:
             self._db = self._recover(e)
+        self._rec_trimmed_samples = 0  # recorded samples trimmed by age or size since the spool was opened
         self._reload_totals()
         self.spool_id = str(self._db.execute("SELECT value FROM meta WHERE key='spool_id'").fetchone()[0])
         self._page_bytes = int(self._db.execute("PRAGMA page_size").fetchone()[0])
@@ -169,6 +189,10 @@ class Spool:
         db.execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value)")
         db.execute(
             "CREATE TABLE IF NOT EXISTS batches(seq INTEGER PRIMARY KEY, created_unix_ns INTEGER NOT NULL,"
+            " samples INTEGER NOT NULL, payload BLOB NOT NULL)"
+        )
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS recorded(id INTEGER PRIMARY KEY, created_unix_ns INTEGER NOT NULL,"
             " samples INTEGER NOT NULL, payload BLOB NOT NULL)"
         )
         defaults: dict[str, object] = {
@@ -221,8 +245,14 @@ class Spool:
         now_ns: int | None = None,
         protect: Callable[[], tuple[int, int]] | None = None,
         dropped_elsewhere: tuple[int, int] = (0, 0),
+        record: tuple[telemetry_pb2.SampleBatch, int] | None = None,
+        promote_since_ns: int | None = None,
     ) -> Appended:
         """Assign the next seq, enforce the cap, store the batch durably; ``batch`` gets its seq and stats.
+
+        ``record``: a batch of raw GPU samples and its sample count, for the flight recorder, stored in the
+        same transaction. ``promote_since_ns``: first move the recorded batches created since then into
+        the sequence (their seqs come before the batch's; :attr:`Appended.promoted`).
 
         ``protect`` tells the cap what the uplink is doing: ``(acked_through, sent_through)``. Rows up
         to ``acked_through`` are acknowledged (their delete is pending) and make room first, without
@@ -238,7 +268,7 @@ class Spool:
         disk_full = False
         for _ in range(_MAX_ROOM_ROUNDS):
             try:
-                appended = self._append(batch, samples, now_ns, protect, dropped_elsewhere)
+                appended = self._append(batch, samples, now_ns, protect, dropped_elsewhere, record, promote_since_ns)
             except sqlite3.Error as e:
                 if not is_disk_full(e):
                     raise
@@ -270,11 +300,11 @@ class Spool:
         try:
             db.execute("BEGIN IMMEDIATE")
             acked_through, sent_through = protect() if protect is not None else (0, 0)
-            before = self._bytes
+            before = self._bytes + self._rec_bytes
             dropped_samples, dropped_batches = self._enforce_cap(
                 0, now_ns, acked_through, sent_through, free_bytes=need_bytes
             )
-            if self._bytes == before:
+            if self._bytes + self._rec_bytes == before:
                 self._rollback()
                 return None
             self._count_drops(dropped_samples, dropped_batches, pending=True)
@@ -310,10 +340,15 @@ class Spool:
         now_ns: int,
         protect: Callable[[], tuple[int, int]] | None,
         dropped_elsewhere: tuple[int, int],
+        record: tuple[telemetry_pb2.SampleBatch, int] | None = None,
+        promote_since_ns: int | None = None,
     ) -> Appended:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
+            promoted = self._promote(promote_since_ns) if promote_since_ns is not None else []
+            if record is not None:
+                self._insert_recorded(record[0], record[1], now_ns)
             seq = self._meta("last_seq") + 1
             batch.seq = seq
             size_estimate = batch.ByteSize() + 32  # the stats and seq still to be filled in
@@ -329,7 +364,7 @@ class Spool:
             stats = batch.stats
             stats.dropped_samples = pending_samples
             stats.dropped_batches = pending_batches
-            stats.spool_bytes = self._bytes + size_estimate
+            stats.spool_bytes = self._bytes + self._rec_bytes + size_estimate
             payload = batch.SerializeToString()
             db.execute(
                 "INSERT INTO batches(seq, created_unix_ns, samples, payload) VALUES (?, ?, ?, ?)",
@@ -348,8 +383,96 @@ class Spool:
         self._samples += samples
         self._bytes += len(payload)
         return Appended(
-            seq, samples, len(payload), dropped_samples, dropped_batches, payload, disk_full=short_bytes > 0
+            seq,
+            samples,
+            len(payload),
+            dropped_samples,
+            dropped_batches,
+            payload,
+            disk_full=short_bytes > 0,
+            promoted=tuple(promoted),
         )
+
+    # ------------------------------------------------------------------ the flight recorder
+
+    def record(self, batch: telemetry_pb2.SampleBatch, samples: int, now_ns: int | None = None) -> None:
+        """Stores a batch of raw GPU samples in the flight recorder alone (when no batch is appended)."""
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            self._insert_recorded(batch, samples, now_ns)
+            self._trim_recorder(now_ns, 0, 0)
+            db.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            self._reload_totals()
+            raise
+
+    def _insert_recorded(self, batch: telemetry_pb2.SampleBatch, samples: int, now_ns: int) -> None:
+        """Inside the caller's transaction; nothing is recorded while the recorder is off."""
+        if self.recorder_max_age_s <= 0:
+            return
+        payload = batch.SerializeToString()
+        self._db.execute(
+            "INSERT INTO recorded(created_unix_ns, samples, payload) VALUES (?, ?, ?)",
+            (batch.created_unix_ns or now_ns, samples, payload),
+        )
+        self._rec_batches += 1
+        self._rec_samples += samples
+        self._rec_bytes += len(payload)
+
+    def _trim_recorder(self, now_ns: int, incoming_bytes: int, free_bytes: int) -> int:
+        """Drops the oldest recorded batches that are too old, or while the spool is over its size cap
+        (both tables and ``incoming_bytes``) or ``free_bytes`` are not freed yet; the bytes freed."""
+        freed = 0
+        oldest_allowed_ns = now_ns - int(self.recorder_max_age_s * 1e9)
+        while self._rec_batches:
+            row = self._db.execute(
+                "SELECT id, created_unix_ns, samples, LENGTH(payload) FROM recorded ORDER BY id LIMIT 1"
+            ).fetchone()
+            if row is None:
+                break
+            too_old = self.recorder_max_age_s <= 0 or row[1] < oldest_allowed_ns
+            too_big = self._bytes + self._rec_bytes + incoming_bytes > self.max_bytes or freed < free_bytes
+            if not (too_old or too_big):
+                break
+            self._db.execute("DELETE FROM recorded WHERE id=?", (row[0],))
+            self._rec_batches -= 1
+            self._rec_samples -= int(row[2])
+            self._rec_bytes -= int(row[3])
+            self._rec_trimmed_samples += int(row[2])
+            freed += int(row[3])
+        return freed
+
+    def _promote(self, since_ns: int) -> list[Stored]:
+        """Moves the recorded batches created since ``since_ns`` into the sequence, oldest first (inside
+        the caller's transaction)."""
+        rows = self._db.execute(
+            "SELECT id, samples, payload FROM recorded WHERE created_unix_ns >= ? ORDER BY id", (since_ns,)
+        ).fetchall()
+        seq = self._meta("last_seq")
+        out: list[Stored] = []
+        for row_id, samples, payload in rows:
+            seq += 1
+            batch = telemetry_pb2.SampleBatch.FromString(payload)
+            batch.seq = seq
+            data = batch.SerializeToString()
+            self._db.execute(
+                "INSERT INTO batches(seq, created_unix_ns, samples, payload) VALUES (?, ?, ?, ?)",
+                (seq, batch.created_unix_ns, samples, data),
+            )
+            self._db.execute("DELETE FROM recorded WHERE id=?", (row_id,))
+            self._rec_batches -= 1
+            self._rec_samples -= int(samples)
+            self._rec_bytes -= len(payload)
+            self._batches += 1
+            self._samples += int(samples)
+            self._bytes += len(data)
+            out.append(Stored(seq, int(samples), data))
+        if out:
+            self._set_meta("last_seq", seq)
+        return out
 
     def _room_bytes(self) -> int:
         """What the spool may still fill: free pages in the file, and the disk's free space less the margin."""
@@ -365,6 +488,8 @@ class Spool:
         rows in flight are left alone (an acknowledgement removes them soon, or they are sent again).
         ``free_bytes``: also drop until that many payload bytes are gone (a full disk).
         """
+        freed = self._trim_recorder(now_ns, incoming_bytes, free_bytes)
+        free_bytes = max(0, free_bytes - freed)
         dropped_samples = dropped_batches = 0
         goal_bytes = self._bytes - free_bytes
         oldest_allowed_ns = now_ns - int(self.max_age_s * 1e9) if self.max_age_s > 0 else None
@@ -377,7 +502,7 @@ class Spool:
             ).fetchone()
             if row is None:
                 break
-            too_big = self._bytes + incoming_bytes > self.max_bytes or self._bytes > goal_bytes
+            too_big = self._bytes + self._rec_bytes + incoming_bytes > self.max_bytes or self._bytes > goal_bytes
             too_old = oldest_allowed_ns is not None and row[1] < oldest_allowed_ns
             acknowledged = row[0] <= acked_through
             if not (too_big or too_old or acknowledged):
@@ -396,6 +521,10 @@ class Spool:
             "SELECT COUNT(*), COALESCE(SUM(samples), 0), COALESCE(SUM(LENGTH(payload)), 0) FROM batches"
         ).fetchone()
         self._batches, self._samples, self._bytes = int(row[0]), int(row[1]), int(row[2])
+        row = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(samples), 0), COALESCE(SUM(LENGTH(payload)), 0) FROM recorded"
+        ).fetchone()
+        self._rec_batches, self._rec_samples, self._rec_bytes = int(row[0]), int(row[1]), int(row[2])
 
     def delete_through(self, seq: int) -> Deleted:
         """Remove every batch with ``seq <=`` the given one (they are acknowledged)."""
@@ -435,6 +564,9 @@ class Spool:
             samples=self._samples,
             bytes=self._bytes,
             last_seq=self._meta("last_seq"),
+            recorded_batches=self._rec_batches,
+            recorded_samples=self._rec_samples,
+            recorded_bytes=self._rec_bytes,
         )
 
     def dropped_totals(self) -> tuple[int, int]:
@@ -448,6 +580,16 @@ class Spool:
     @property
     def batches(self) -> int:
         return self._batches
+
+    @property
+    def recorded(self) -> tuple[int, int, int]:
+        """The flight recorder's (batches, samples, bytes)."""
+        return self._rec_batches, self._rec_samples, self._rec_bytes
+
+    @property
+    def recorder_trimmed_samples(self) -> int:
+        """Recorded samples trimmed by age or size since the spool was opened (not drops)."""
+        return self._rec_trimmed_samples
 
 
 class Unspooled:
@@ -514,10 +656,22 @@ class AsyncSpool:
         samples: int,
         protect: Callable[[], tuple[int, int]] | None = None,
         dropped_elsewhere: tuple[int, int] = (0, 0),
+        record: tuple[telemetry_pb2.SampleBatch, int] | None = None,
+        promote_since_ns: int | None = None,
     ) -> Appended:
         return await self._run(
-            lambda: self.spool.append(batch, samples, protect=protect, dropped_elsewhere=dropped_elsewhere)
+            lambda: self.spool.append(
+                batch,
+                samples,
+                protect=protect,
+                dropped_elsewhere=dropped_elsewhere,
+                record=record,
+                promote_since_ns=promote_since_ns,
+            )
         )
+
+    async def record(self, batch: telemetry_pb2.SampleBatch, samples: int) -> None:
+        await self._run(lambda: self.spool.record(batch, samples))
 
     async def read_after(self, seq: int, limit: int) -> list[Stored]:
         return await self._run(lambda: self.spool.read_after(seq, limit))

@@ -216,6 +216,8 @@ class AgentFactory:
             "0.2",
             "--reconnect-max",
             "1",
+            # these tests count every sample; the resolution policy has its own tests (test_resolution.py)
+            *([] if "--resolution" in args else ["--resolution", "full"]),
             *args,
         ]
         base = sim.environ(clean_env()) if sim is not None else clean_env()

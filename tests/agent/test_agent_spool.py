@@ -391,3 +391,75 @@ def test_an_ack_read_while_its_batch_is_still_being_written_is_not_ignored(tmp_p
     acked, left = asyncio.run(main())
     assert acked == 3, "the acks of batches whose write was still awaited were ignored"
     assert left == 0
+
+
+# ---------------------------------------------------------------------- the flight recorder
+
+
+def raw(first_t_ns: int, samples: int = 10) -> telemetry_pb2.SampleBatch:
+    """A flight-recorder batch: raw GPU samples, created when its last sample was taken."""
+    b = telemetry_pb2.SampleBatch(agent_id="a", created_unix_ns=first_t_ns + samples * 100_000_000)
+    for i in range(samples):
+        b.gpu_samples.add(time_unix_ns=first_t_ns + i * 100_000_000, gpu_index=0, power_w=100.0 + i)
+    return b
+
+
+def test_the_recorder_is_outside_the_sequence_and_trimmed_by_age_without_counting_drops(tmp_path: Path) -> None:
+    t0 = time.time_ns() - 100 * 10**9
+    spool = Spool(tmp_path, recorder_max_age_s=30)
+    for second in range(60):
+        spool.append(
+            batch(1, t0 + second * 10**9), 1, now_ns=t0 + second * 10**9, record=(raw(t0 + (second - 1) * 10**9), 10)
+        )
+    state = spool.state()
+    assert (state.oldest_seq, state.newest_seq, state.last_seq) == (1, 60, 60), "recording takes no seq"
+    assert state.batches == 60 and state.samples == 60
+    # the last append kept the recorded batches created at or after now - 30 s
+    assert state.recorded_batches == 31 and state.recorded_samples == 10 * state.recorded_batches
+    assert spool.dropped_totals() == (0, 0) and spool.recorder_trimmed_samples == 10 * (60 - state.recorded_batches)
+    assert [s.seq for s in spool.read_after(0, 100)] == list(range(1, 61)), "recorded batches are never read"
+
+
+def test_the_recorder_gives_way_first_when_the_spool_reaches_its_size_cap(tmp_path: Path) -> None:
+    cap = 64 * 1024
+    spool = Spool(tmp_path, max_bytes=cap, recorder_max_age_s=3600)
+    now = time.time_ns()
+    for i in range(200):
+        spool.append(batch(1, now), 1, now_ns=now + i, record=(raw(now + i * 10**9, 20), 20))
+        state = spool.state()
+        assert state.bytes + state.recorded_bytes <= cap
+    state = spool.state()
+    assert state.batches == 200, "no shipped batch was dropped while the recorder could give way"
+    assert spool.dropped_totals() == (0, 0)
+    assert 0 < state.recorded_batches < 200
+
+
+def test_promoted_batches_get_the_next_seqs_in_order_before_the_batch_and_survive_a_restart(tmp_path: Path) -> None:
+    now = time.time_ns()
+    spool = Spool(tmp_path, recorder_max_age_s=60)
+    for i in range(5):  # recorded at now-50 s ... now-10 s
+        t = now - (50 - 10 * i) * 10**9
+        spool.append(batch(1, t), 1, now_ns=t, record=(raw(t - 10**9), 10))
+    assert spool.state().last_seq == 5
+    spool.close()
+    spool = Spool(tmp_path, recorder_max_age_s=60)
+    assert spool.state().recorded_batches == 5, "the recorder survives a restart"
+    live = batch(3, now)
+    appended = spool.append(live, 3, now_ns=now, promote_since_ns=now - 35 * 10**9)
+    promoted = [telemetry_pb2.SampleBatch.FromString(p.payload) for p in appended.promoted]
+    assert [p.seq for p in appended.promoted] == [6, 7, 8] and appended.seq == 9
+    assert [b.seq for b in promoted] == [6, 7, 8], "the stored payload carries its seq"
+    assert [b.gpu_samples[0].time_unix_ns for b in promoted] == [now - (30 - 10 * i) * 10**9 - 10**9 for i in range(3)]
+    state = spool.state()
+    assert state.recorded_batches == 2, "the older recorded batches stay recorded (the age trim takes them)"
+    assert state.samples == 5 + 30 + 3
+    spool.close()
+    spool = Spool(tmp_path, recorder_max_age_s=60)
+    stored = spool.read_after(5, 10)
+    assert [s.seq for s in stored] == [6, 7, 8, 9], "promoted batches survive a restart like any batch"
+    assert [s.samples for s in stored] == [10, 10, 10, 3]
+    assert telemetry_pb2.SampleBatch.FromString(stored[0].payload) == promoted[0]
+    spool.close()
+    spool = Spool(tmp_path, recorder_max_age_s=0)
+    spool.append(batch(1), 1)
+    assert spool.state().recorded_batches == 0, "with the recorder off, what it held goes"

@@ -76,7 +76,7 @@ def test_a_killed_and_a_drained_collector_strand_nothing(
             *gpuprobe_command(), "--log-level", "info", "agent", "--host", agent_id, "--cluster", cluster,
             "--cloud", "test", "--instance-type", "sim", "--collector", ",".join(addresses),
             "--spool", str(tmp_path / agent_id / "spool"), "--reconnect-min", "0.2", "--reconnect-max", "1",
-            "--grace", "30",
+            "--grace", "30", "--resolution", "full",  # every sample taken is counted in InfluxDB
         ]  # fmt: skip
         agents[agent_id] = system.start(agent_id, argv, env=machine.environ(clean_env()))
 

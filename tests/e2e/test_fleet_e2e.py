@@ -210,6 +210,7 @@ def start_fleet(
                 "--collector", f"127.0.0.1:{port}", "--broker", broker, "--trusted-keys", str(public),
                 "--spool", str(tmp_path / host / "spool"), "--presence-interval", "2",
                 "--mqtt-reconnect-max", "1", "--reconnect-max", "1",
+                "--resolution", "full",  # (c) counts every sample the agents took, probe or not
             ],
         )  # fmt: skip
 

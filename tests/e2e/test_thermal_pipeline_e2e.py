@@ -80,6 +80,7 @@ def test_every_profile_recovers_its_thermal_ground_truth_through_the_pipeline(
             *gpuprobe_command(), "--log-level", "info", "agent", "--host", HOST, "--cluster", cluster,
             "--collector", f"127.0.0.1:{port}", "--broker", mqtt_broker.url, "--trusted-keys", str(public),
             "--spool", str(tmp_path / "spool"), "--presence-interval", "2", "--reconnect-max", "1",
+            "--resolution", "full",  # stop_agents checks that every sample taken was stored
         ],
     )  # fmt: skip
 

@@ -1,0 +1,272 @@
+"""The resolution policy: which GPU samples ship at full rate, which as per-interval aggregates.
+
+``auto`` (the default): outside a high-resolution window every GPU's samples of one
+``aggregate_interval_s`` (1 s) become one ``GpuAggregate`` (mean, min, max and last of each per-tick
+field, counters as their last value), and the raw samples go to the spool's flight recorder instead
+of the wire. A window opens while a probe runs on this node (its ``ProbeEvent`` start until its
+end) and for ``hires_after_s`` after a trigger: a thermal slowdown, HW slowdown or HW power brake
+in a sample's ``clock_event_reasons``, or a fault event (XID, ECC, lost). Inside a window the raw
+samples ship as they are; when a window opens, the flight recorder's last ``flight_recorder_s``
+are shipped too (the spool moves them into its sequence), so the moments before the trigger arrive
+at full rate. ``full``: every sample ships, as before the policy existed.
+
+The decision is made once per batch take (:meth:`ResolutionPolicy.take`), outside the sampler
+thread, from the samples and events of that batch: a trigger counts from the batch it arrives in.
+An interval is aggregated once it is complete (a later sample of the same GPU arrived, or the
+interval ended an interval ago): its samples wait here across takes, so an interval is never split
+over two aggregates with the same timestamp (the second would overwrite the first in InfluxDB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuprobe.v1 import telemetry_pb2
+
+RESOLUTIONS = ("auto", "full")
+
+# clock_event_reasons bits that open a window: HW slowdown, SW thermal, HW thermal, HW power brake
+TRIGGER_REASONS_MASK = 0x8 | 0x20 | 0x40 | 0x80
+
+# the GPU events that open a window (faults; a recovery closes nothing and opens nothing)
+FAULT_EVENT_KINDS = frozenset(
+    {
+        telemetry_pb2.GPU_EVENT_KIND_XID,
+        telemetry_pb2.GPU_EVENT_KIND_ECC_SINGLE_BIT,
+        telemetry_pb2.GPU_EVENT_KIND_ECC_DOUBLE_BIT,
+        telemetry_pb2.GPU_EVENT_KIND_LOST,
+    }
+)
+
+# fields read every tick: mean, min, max and last
+PER_TICK_FIELDS = (
+    "util_pct",
+    "mem_util_pct",
+    "mem_used_bytes",
+    "power_w",
+    "power_instant_w",
+    "temp_c",
+    "mem_temp_c",
+    "fan_pct",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_limit_w",
+    "pcie_tx_bytes_per_s",
+    "pcie_rx_bytes_per_s",
+)
+# integer fields of GpuSample among them: their mean is rounded
+INTEGER_FIELDS = frozenset({"mem_used_bytes", "sm_clock_mhz", "mem_clock_mhz"})
+# GPM percentages (each already an average over the health interval): the mean only
+MEAN_ONLY_FIELDS = (
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_bw_util_pct",
+    "fp16_active_pct",
+    "fp32_active_pct",
+    "fp64_active_pct",
+)
+CLOCK_REASONS = "clock_event_reasons"
+_PER_TICK = frozenset(PER_TICK_FIELDS)
+_MEAN_ONLY = frozenset(MEAN_ONLY_FIELDS)
+_AGGREGATED = frozenset({*PER_TICK_FIELDS, *MEAN_ONLY_FIELDS, CLOCK_REASONS, "time_unix_ns", "gpu_index"})
+# every other field (energy_j, mem_total_bytes, the health counters and flags, fan_rpm, NVLink
+# throughput, health, health_reason) is a counter or a 1 Hz read: its last value goes into `mean`
+
+
+def aggregate(samples: Sequence[dict[str, Any]], interval_ns: int) -> list[telemetry_pb2.GpuAggregate]:
+    """One ``GpuAggregate`` per GPU and interval of ``samples`` (GpuSample keyword dicts, each GPU's in
+    time order), ordered by interval start, then GPU."""
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for s in samples:
+        t = s["time_unix_ns"]
+        groups.setdefault((t - t % interval_ns, s["gpu_index"]), []).append(s)
+    return [aggregate_one(gpu, start, interval_ns, group) for (start, gpu), group in sorted(groups.items())]
+
+
+def aggregate_one(
+    gpu_index: int, start_ns: int, interval_ns: int, group: Sequence[dict[str, Any]]
+) -> telemetry_pb2.GpuAggregate:
+    """The aggregate of one GPU's samples of one interval (column by column)."""
+    names: set[str] = set().union(*group)
+    mean: dict[str, Any] = {}
+    low: dict[str, Any] = {}
+    high: dict[str, Any] = {}
+    last: dict[str, Any] = {}
+    for name in _PER_TICK.intersection(names):
+        values = _column(group, name)
+        if values:
+            m = sum(values) / len(values)
+            mean[name] = round(m) if name in INTEGER_FIELDS else m
+            low[name] = min(values)
+            high[name] = max(values)
+            last[name] = values[-1]
+    for name in _MEAN_ONLY.intersection(names):
+        values = _column(group, name)
+        if values:
+            mean[name] = sum(values) / len(values)
+    if CLOCK_REASONS in names:
+        reasons = _column(group, CLOCK_REASONS)
+        if reasons:
+            bits = 0
+            for r in reasons:
+                bits |= r
+            mean[CLOCK_REASONS] = bits
+            last[CLOCK_REASONS] = reasons[-1]
+    others = names - _AGGREGATED
+    if others:
+        for s in group:  # in time order: the last value wins
+            for name in others.intersection(s):
+                v = s[name]
+                if v is not None:
+                    mean[name] = v
+    # one constructor call: the four samples are built from their dicts inside protobuf
+    return telemetry_pb2.GpuAggregate(
+        start_unix_ns=start_ns,
+        interval_ms=interval_ns // 1_000_000,
+        gpu_index=gpu_index,
+        sample_count=len(group),
+        mean=mean,
+        min=low,
+        max=high,
+        last=last,
+    )
+
+
+def _column(group: Sequence[dict[str, Any]], name: str) -> list[Any]:
+    """The values of one field over the group, in time order (absent and None left out)."""
+    values = [s[name] for s in group if name in s]
+    return [v for v in values if v is not None] if None in values else values
+
+
+def is_trigger_sample(sample: dict[str, Any]) -> bool:
+    reasons = sample.get(CLOCK_REASONS)
+    return bool(reasons and reasons & TRIGGER_REASONS_MASK)
+
+
+@dataclass
+class Decision:
+    """What one batch take ships and records."""
+
+    raw: list[dict[str, Any]] = field(default_factory=list)  # GPU samples shipped as they are
+    aggregates: list[telemetry_pb2.GpuAggregate] = field(default_factory=list)
+    recorded: list[dict[str, Any]] = field(default_factory=list)  # raw samples for the flight recorder
+    promote_since_ns: int | None = None  # a window opened: ship the recorder's batches created since then
+    hires: bool = False
+
+
+class ResolutionPolicy:
+    """The state of the windows and of the intervals not yet complete; used by one thread at a time."""
+
+    def __init__(
+        self,
+        mode: str = "auto",
+        aggregate_interval_s: float = 1.0,
+        hires_after_s: float = 300.0,
+        flight_recorder_s: float = 300.0,
+    ) -> None:
+        if mode not in RESOLUTIONS:
+            raise ValueError(f"resolution must be one of {', '.join(RESOLUTIONS)}, not {mode!r}")
+        interval_ns = round(aggregate_interval_s * 1e9)
+        if interval_ns <= 0 or interval_ns % 1_000_000:
+            raise ValueError(
+                f"the aggregate interval must be a positive whole number of ms, not {aggregate_interval_s}"
+            )
+        self.mode = mode
+        self.interval_ns = interval_ns
+        self.hires_after_ns = round(hires_after_s * 1e9)
+        self.flight_recorder_ns = round(flight_recorder_s * 1e9)
+        self._hires_until_ns = 0  # end of the trigger window (0: none yet)
+        self._probes: set[str] = set()  # probes running on this node
+        self._pending: list[dict[str, Any]] = []  # samples of intervals not yet complete
+        self.triggers = 0  # trigger samples and events seen (a burst counts each)
+
+    @property
+    def full(self) -> bool:
+        return self.mode == "full"
+
+    @property
+    def pending(self) -> int:
+        """Samples waiting for their interval to complete."""
+        return len(self._pending)
+
+    def hires(self, now_ns: int) -> bool:
+        """Whether ``now_ns`` is inside a high-resolution window."""
+        return bool(self._probes) or now_ns < self._hires_until_ns
+
+    def observe(
+        self,
+        samples: Iterable[dict[str, Any]],
+        gpu_events: Iterable[telemetry_pb2.GpuEvent] = (),
+        probe_events: Iterable[telemetry_pb2.ProbeEvent] = (),
+    ) -> None:
+        """Opens or extends the windows from one batch's samples and events."""
+        for s in samples:
+            reasons = s.get(CLOCK_REASONS)
+            if reasons and reasons & TRIGGER_REASONS_MASK:
+                self._trigger(s["time_unix_ns"])
+        for e in gpu_events:
+            if e.kind in FAULT_EVENT_KINDS:
+                self._trigger(e.time_unix_ns)
+        for p in probe_events:
+            if p.kind == telemetry_pb2.PROBE_EVENT_KIND_END:
+                self._probes.discard(p.probe_id)
+            elif p.kind in (telemetry_pb2.PROBE_EVENT_KIND_START, telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE):
+                # a phase change of a probe not seen starting: the agent restarted during it
+                self._probes.add(p.probe_id)
+
+    def _trigger(self, time_ns: int) -> None:
+        self.triggers += 1
+        self._hires_until_ns = max(self._hires_until_ns, time_ns + self.hires_after_ns)
+
+    def take(
+        self,
+        samples: list[dict[str, Any]],
+        gpu_events: Sequence[telemetry_pb2.GpuEvent],
+        probe_events: Sequence[telemetry_pb2.ProbeEvent],
+        now_ns: int,
+        final: bool = False,
+    ) -> Decision:
+        """The decision for one batch: ``samples`` are the batch's GPU samples; ``final``: the agent
+        stops, so incomplete intervals are aggregated too."""
+        if self.full:
+            return Decision(raw=samples, hires=True)
+        was_hires = self.hires(now_ns)
+        self.observe(samples, gpu_events, probe_events)
+        if self.hires(now_ns):
+            # the intervals begun before the window: aggregated as they are (their samples are in the
+            # recorder, shipped raw now too when it is on)
+            held, self._pending = self._pending, []
+            promote = None if was_hires or not self.flight_recorder_ns else now_ns - self.flight_recorder_ns
+            return Decision(
+                raw=samples, aggregates=aggregate(held, self.interval_ns), promote_since_ns=promote, hires=True
+            )
+        self._pending.extend(samples)
+        complete = self._complete(now_ns, final)
+        return Decision(
+            aggregates=aggregate(complete, self.interval_ns),
+            recorded=samples if self.flight_recorder_ns else [],
+        )
+
+    def _complete(self, now_ns: int, final: bool) -> list[dict[str, Any]]:
+        """Removes and returns the pending samples whose interval is complete."""
+        if final:
+            everything, self._pending = self._pending, []
+            return everything
+        interval = self.interval_ns
+        newest: dict[int, int] = {}  # gpu -> start of its newest interval
+        for s in self._pending:
+            t = s["time_unix_ns"]
+            newest[s["gpu_index"]] = max(newest.get(s["gpu_index"], 0), t - t % interval)
+        # a GPU's newest interval is complete once it ended an interval ago (the GPU stopped answering)
+        open_start = {gpu: start for gpu, start in newest.items() if now_ns < start + 2 * interval}
+        done: list[dict[str, Any]] = []
+        keep: list[dict[str, Any]] = []
+        for s in self._pending:
+            start = open_start.get(s["gpu_index"])
+            t = s["time_unix_ns"]
+            (keep if start is not None and t - t % interval >= start else done).append(s)
+        self._pending = keep
+        return done
