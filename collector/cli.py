@@ -63,8 +63,8 @@ OPTIONS = [
     Option(
         "init_db",
         "set up the database and exit: the raw retention policy (--influx-rp, else autogen; made the "
-        "default), rollup_10s and rollup_1m with their continuous queries, and the dashboards' rp_config (v1, "
-        "an admin user; safe to run again)",
+        "default), rollup_10s and rollup_1m with their continuous queries, the events policy, and the dashboards' "
+        "rp_config (v1, an admin user; safe to run again)",
         default=False,
         is_flag=True,
     ),
@@ -84,11 +84,28 @@ OPTIONS = [
         default=400 * 86400.0,
     ),
     Option(
+        "retention_events",
+        "--init-db: how long the events policy keeps the probe, trainer, gpu_info, gpu_event and model points, "
+        "which are also written there once it exists (0: infinite)",
+        parse_duration,
+        default=400 * 86400.0,
+    ),
+    Option(
         "backfill",
         "--init-db: also compute the rollups of the last DURATION again (data that arrived late, e.g. an agent's "
         "spool after an outage; 0: none)",
         parse_duration,
         default=0.0,
+    ),
+    Option(
+        "influx_route",
+        "send the lines whose cluster tag is CLUSTER to another InfluxDB: its URL, and optionally the database "
+        "(v1) or bucket (v2) as the URL's last path segment (default: --influx-db or --influx-bucket); the other "
+        "--influx-* options apply to it too. Repeatable, one per cluster; clusters no route names go to "
+        "--influx-url. Each destination is written on its own, so one that is down holds back only its lines",
+        multiple=True,
+        default=[],
+        metavar="CLUSTER=URL[/DATABASE]",
     ),
     Option("influx_ca", "CA certificate file to verify an https InfluxDB", default="", metavar="FILE"),
     Option(
@@ -224,7 +241,7 @@ OPTIONS = [
 
 def config_from_options(values: dict[str, Any]) -> CollectorSettings:
     """The :class:`CollectorSettings` of resolved option values (checked)."""
-    from gpuprobe.collector.settings import CollectorConfigError, CollectorSettings, default_collector_id
+    from gpuprobe.collector.settings import CollectorConfigError, CollectorSettings, default_collector_id, parse_route
     from gpuprobe.collector.sink import SinkSettings
     from gpuprobe.collector.validate import Limits
     from gpuprobe.influx.settings import InfluxSettings
@@ -267,6 +284,7 @@ def config_from_options(values: dict[str, Any]) -> CollectorSettings:
             ca_file=values["influx_ca"],
             gzip_level=values["influx_gzip_level"],
         ),
+        routes=tuple(parse_route(text) for text in values["influx_route"] or ()),
         sink=SinkSettings(
             batch_lines=values["sink_batch_lines"],
             concurrency=values["sink_concurrency"],
@@ -319,6 +337,7 @@ def _init_db(values: dict[str, Any]) -> int:
         raw_s=values["retention_raw"],
         rollup_10s_s=values["retention_10s"],
         rollup_1m_s=values["retention_1m"],
+        events_s=values["retention_events"],
     )
     try:
         # the settings' retention policy is where the collector writes; --init-db's statements name theirs

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import select
@@ -33,20 +34,33 @@ import grpc
 from gpuprobe.collector.auth import Authenticator, TokenStore, server_credentials
 from gpuprobe.collector.metrics import Metrics
 from gpuprobe.collector.server import TelemetryService, server_options
-from gpuprobe.collector.settings import CollectorSettings, parse_address
-from gpuprobe.collector.sink import Backend, Sink, V1Backend, V2Backend
+from gpuprobe.collector.settings import CollectorSettings, InfluxRoute, parse_address
+from gpuprobe.collector.sink import Backend, Destination, Sink, V1Backend, V2Backend
 from gpuprobe.collector.wal import WriteAheadLog, merge_orphans, wal_path
+from gpuprobe.influx.retention import EVENT_MEASUREMENTS, EVENTS_RP
 from gpuprobe.systemd import Notifier, watchdog_interval_s
 
 log = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 120.0
+_EVENTS_PROBE_TIMEOUT_S = 5.0
 #: The exit status of a drain that left acknowledged lines in the WAL (EX_TEMPFAIL).
 EXIT_WAL_LEFT = 75
 
 
-def make_backend(config: CollectorSettings) -> Backend:
+def make_backend(
+    config: CollectorSettings, route: InfluxRoute | None = None, retention_policy: str | None = None
+) -> Backend:
+    """The backend of ``--influx-url``, or of one ``--influx-route`` (its URL and database or bucket,
+    the other ``--influx-*`` settings shared); v1 into ``retention_policy`` rather than ``--influx-rp``."""
     influx = config.influx
+    if retention_policy is not None:  # a policy that exists (--influx-create-db must not create it another way)
+        influx = dataclasses.replace(influx, retention_policy=retention_policy, create_database=False)
+    if route is not None:
+        if influx.api == "v2":
+            influx = dataclasses.replace(influx, url=route.url, bucket=route.database or influx.bucket)
+        else:
+            influx = dataclasses.replace(influx, url=route.url, database=route.database or influx.database)
     connections = config.sink.concurrency + 1
     if influx.api == "v2":
         return V2Backend(
@@ -73,6 +87,56 @@ def make_backend(config: CollectorSettings) -> Backend:
         create_database=influx.create_database,
         retention=influx.retention,
     )
+
+
+def _route_groups(config: CollectorSettings) -> list[tuple[str, InfluxRoute, frozenset[str]]]:
+    """``(name, route, clusters)`` per InfluxDB server and database the routes name (routes to the same
+    one share it)."""
+    grouped: dict[tuple[str, str], list[InfluxRoute]] = {}
+    for route in config.routes:
+        grouped.setdefault((route.url.rstrip("/"), route.database), []).append(route)
+    return [
+        (f"{url}/{database}" if database else url, routes[0], frozenset(route.cluster for route in routes))
+        for (url, database), routes in grouped.items()
+    ]
+
+
+def make_destinations(config: CollectorSettings) -> list[Destination]:
+    """One :class:`Destination` per InfluxDB server and database the routes name (routes to the same
+    one share it, and its lane)."""
+    return [Destination(name, make_backend(config, route), clusters) for name, route, clusters in _route_groups(config)]
+
+
+async def events_backends(config: CollectorSettings) -> dict[str, Backend]:
+    """For each v1 destination (``default``: ``--influx-url``) whose database has the ``events``
+    retention policy (``--init-db`` creates it), a backend that writes into it. Asked once at start:
+    a collector started before ``--init-db`` writes into ``events`` after its next restart."""
+    if config.influx.api != "v1":
+        return {}
+    targets: list[tuple[str, InfluxRoute | None]] = [("default", None)]
+    targets += [(name, route) for name, route, _ in _route_groups(config)]
+    found: dict[str, Backend] = {}
+    for name, route in targets:
+        probe = make_backend(config, route)
+        assert isinstance(probe, V1Backend)
+        try:
+            # an InfluxDB that does not answer must not hold the collector's start for --influx-timeout
+            policies = await asyncio.wait_for(probe.retention_policies(), _EVENTS_PROBE_TIMEOUT_S)
+        except TimeoutError:
+            policies = None
+        finally:
+            await probe.close()
+        if policies is None:
+            log.warning(
+                "cannot list the retention policies of %s: its %s points go to the default policy only "
+                "until the next restart",
+                name,
+                ", ".join(EVENT_MEASUREMENTS[:4]),
+            )
+        elif EVENTS_RP in policies:
+            found[name] = make_backend(config, route, EVENTS_RP)
+            log.info("%s: the %s points are written into %r too", name, ", ".join(EVENT_MEASUREMENTS[:4]), EVENTS_RP)
+    return found
 
 
 class Collector:
@@ -113,7 +177,11 @@ class Collector:
         tokens = TokenStore(config.tokens_file) if config.tokens_file is not None else None
         authenticator = Authenticator(tokens, mtls=config.mtls, bind_certificate=config.tls_bind_agent_id)
         self.wal.start()
-        self.sink = Sink(self.wal, self._backend or make_backend(config), self.metrics, config.sink)
+        destinations = make_destinations(config)
+        events = await events_backends(config) if self._backend is None else {}
+        self.sink = Sink(
+            self.wal, self._backend or make_backend(config), self.metrics, config.sink, destinations, events
+        )
         await self.sink.start()
         self.service = TelemetryService(config, self.wal, self.metrics, authenticator, self.sink)
         self.server = grpc.aio.server(handlers=[self.service.handler()], options=server_options(config))
@@ -138,6 +206,8 @@ class Collector:
             metrics_host, metrics_port = parse_address(config.metrics_listen, "--metrics-listen")
             self.metrics.serve(metrics_host, metrics_port + self.worker if metrics_port else 0)
         await self.server.start()
+        for route in config.routes:
+            log.info("lines of cluster %r go to %s (--influx-route)", route.cluster, _route_target(route))
         log.info(
             "collector %s worker %d serving on port %d (%s, %s); WAL %s with %d lines queued; InfluxDB %s (%s API);"
             " batches acked once %s",
@@ -233,6 +303,10 @@ class Collector:
             self.sink = None
         self.metrics.close()
         await asyncio.to_thread(self.wal.close)
+
+
+def _route_target(route: InfluxRoute) -> str:
+    return f"{route.url}, database or bucket {route.database}" if route.database else route.url
 
 
 def _version() -> str:

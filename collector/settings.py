@@ -3,6 +3,7 @@ checked once at start (fail fast, never after)."""
 
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,32 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, port
+
+
+@dataclass(frozen=True)
+class InfluxRoute:
+    """``--influx-route CLUSTER=URL[/DATABASE]``: lines whose ``cluster`` tag is ``cluster`` go to ``url``
+    (and ``database``: the v1 database or the v2 bucket; empty: ``--influx-db`` or ``--influx-bucket``)."""
+
+    cluster: str
+    url: str
+    database: str = ""
+
+
+_ROUTE = re.compile(r"(?P<cluster>.+?)=(?P<url>https?://[^/?#]+)(?P<path>/[^?#]*)?")
+
+
+def parse_route(text: str) -> InfluxRoute:
+    """``CLUSTER=URL[/DATABASE]``; the URL's last path segment, if any, is the database (or bucket)."""
+    match = _ROUTE.fullmatch(text.strip())
+    if match is None:
+        raise CollectorConfigError(
+            f"--influx-route must be CLUSTER=URL[/DATABASE] with an http:// or https:// URL, not {text!r} "
+            "(e.g. eu-west=http://influx-eu.internal:8086/gpuprobe)"
+        )
+    base, _, database = (match["path"] or "").strip("/").rpartition("/")
+    url = match["url"] + (f"/{base}" if base else "")
+    return InfluxRoute(match["cluster"], url, database)
 
 
 def default_collector_id() -> str:
@@ -61,6 +88,8 @@ class CollectorSettings:
     drain_timeout_s: float = 25.0
     limits: Limits = field(default_factory=Limits)
     influx: InfluxSettings = field(default_factory=InfluxSettings)
+    #: ``--influx-route``: lines of these clusters go elsewhere than ``influx`` (the rest go there).
+    routes: tuple[InfluxRoute, ...] = ()
     sink: SinkSettings = field(default_factory=SinkSettings)
 
     @property
@@ -116,6 +145,14 @@ class CollectorSettings:
             ]
             if missing:
                 raise CollectorConfigError(f"--influx-api v2 needs {', '.join(missing)}")
+        seen: dict[str, InfluxRoute] = {}
+        for route in self.routes:
+            if route.cluster in seen:
+                raise CollectorConfigError(
+                    f"--influx-route: cluster {route.cluster!r} is routed twice ({seen[route.cluster].url} and "
+                    f"{route.url}); give each cluster one route"
+                )
+            seen[route.cluster] = route
         if not 0 <= influx.gzip_level <= 9:
             raise CollectorConfigError("--influx-gzip-level must be 0-9")
         if self.sink.batch_lines < 1 or self.sink.concurrency < 1:

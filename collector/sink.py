@@ -27,6 +27,11 @@ other 5xx, no answer       capped exponential backoff with jitter, then send aga
 Two backends, chosen by ``--influx-api``: :class:`V1Backend` posts to ``/write?db=&rp=&precision=ns``
 with httpx (InfluxDB 1.x, and the v1 compatibility API of 2.x and 3.x); :class:`V2Backend` uses the
 official ``influxdb-client``'s asyncio client (``/api/v2/write`` with org, bucket and token).
+
+Lanes: one destination is drained by one lane. Several (``--influx-route`` by ``cluster`` tag, and
+the ``events`` retention policy that also gets the probe, trainer, GPU inventory and event lines)
+are drained by one lane each, with its own WAL cursor, requests, retries and backoff; a WAL row is
+deleted once every lane passed it (:class:`Sink`).
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ import contextlib
 import heapq
 import itertools
 import logging
+import re
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,11 +59,13 @@ from gpuprobe.influx.answers import (
     Verdict,
     classify,
     error_text,
+    line_errors,
     parse_retry_after,
     reason,
     refused_lines_named,
 )
 from gpuprobe.influx.influxql import InfluxError, parse_results, quote_identifier
+from gpuprobe.influx.retention import EVENT_MEASUREMENTS, EVENTS_RP
 from gpuprobe.influx.settings import InfluxSettings
 
 if TYPE_CHECKING:
@@ -161,6 +169,17 @@ class V1Backend:
     async def prepare(self) -> None:
         if self.settings.create_database:
             await self._create()
+
+    async def retention_policies(self) -> set[str] | None:
+        """The database's retention policies; None when InfluxDB cannot tell (down, no database, refused)."""
+        statement = f"SHOW RETENTION POLICIES ON {quote_identifier(self.settings.database)}"
+        answer = await self.query(statement)
+        if answer.status != 200:
+            return None
+        try:
+            return {str(row[0]) for series in parse_results(answer.body, statement) for row in series.values}
+        except InfluxError:
+            return None
 
     async def on_not_found(self) -> bool:
         return await self._create() if self.settings.create_database else False
@@ -288,51 +307,101 @@ class SinkSettings:
 
 @dataclass
 class _Chunk:
-    """Rows read together, sent as one request; ``done`` once InfluxDB has them (or refused some for good)."""
+    """Rows read together, sent as one request; ``done`` once InfluxDB has them (or refused some for good).
+
+    A routed lane keeps the rows until its mark passes them (the sink deletes them once every lane has)."""
 
     last_id: int
+    rows: list[PendingRow] | None = None
     done: bool = False
 
 
+@dataclass(frozen=True)
+class Destination:
+    """Where the lines of some ``cluster`` tag values go (``--influx-route``): one InfluxDB server and
+    database (v1) or bucket (v2), drained by its own lane."""
+
+    name: str  # the metrics label and the log lines' name: the route's URL (and database)
+    backend: Backend
+    clusters: frozenset[str]
+
+
 class Sink:
-    """Sends the WAL's pending rows to a :class:`Backend` until stopped.
+    """Sends the WAL's pending rows to InfluxDB until stopped: to one :class:`Backend`, or routed by the
+    lines' ``cluster`` tag to several (``--influx-route``), each drained by its own lane.
 
     It also knows which rows InfluxDB has: every row up to :attr:`written_through` was answered 2xx
-    (or its refused lines were quarantined). Chunks are read in id order but finish in any order, so
-    that mark only moves past a chunk once every chunk before it finished too. :meth:`written` waits
-    for it (``--ack-after sink``)."""
+    (or its refused lines were quarantined) by every destination. Chunks are read in id order but
+    finish in any order, so a lane's mark only moves past a chunk once every chunk before it finished
+    too. :meth:`written` waits for the mark (``--ack-after sink``).
 
-    def __init__(self, wal: WriteAheadLog, backend: Backend, metrics: Metrics, settings: SinkSettings) -> None:
+    Routed, every lane reads the whole WAL with its own cursor and sends only its own lines; a lane
+    quarantines what its InfluxDB refused at once, and a row is deleted by the last lane to pass it
+    (each lane's mark only grows, so exactly one lane sees all the others past it). A destination
+    that is down holds its rows in the WAL while the other lanes keep going; after a restart every
+    lane starts again from the oldest row left, which sends some lines a second time to the
+    destinations that had them: harmless, every point overwrites itself."""
+
+    def __init__(
+        self,
+        wal: WriteAheadLog,
+        backend: Backend,
+        metrics: Metrics,
+        settings: SinkSettings,
+        routes: Sequence[Destination] = (),
+        events: Mapping[str, Backend] | None = None,
+    ) -> None:
+        """``routes``: the ``--influx-route`` destinations; ``events``: for a destination (``default`` or
+        a route's name) whose database has the ``events`` retention policy, a backend that writes into
+        it: that destination's :data:`EVENT_MEASUREMENTS` lines are written there too, by a lane of
+        their own."""
         self.wal = wal
         self.backend = backend
         self.metrics = metrics
         self.settings = settings
-        self._wake = asyncio.Event()
-        self._hurry = asyncio.Event()  # set by a drain: partly filled requests no longer linger
-        self._queue: asyncio.Queue[tuple[_Chunk, list[PendingRow]]] = asyncio.Queue(
-            maxsize=max(1, settings.concurrency)
-        )
-        self._chunks: deque[_Chunk] = deque()
-        self.written_through = 0  # every pending row id up to this one is in InfluxDB (or quarantined)
+        self.routed = bool(routes) or bool(events)
+        if self.routed:
+            # a cluster named by two routes goes to the first one (settings.check refuses that anyway)
+            where: dict[bytes, _Lane] = {}
+            self.lanes = [_Lane(self, "default", backend)]
+            for route in routes:
+                lane = _Lane(self, route.name, route.backend)
+                self.lanes.append(lane)
+                for cluster in route.clusters:
+                    where.setdefault(cluster_tag_text(cluster), lane)
+            default = self.lanes[0]
+            if routes:
+                for lane in self.lanes:
+                    lane.select = _selector(lane, where, default)
+            for main in list(self.lanes):
+                events_backend = (events or {}).get(main.name)
+                if events_backend is not None:
+                    lane = _Lane(self, f"{main.name} ({EVENTS_RP})", events_backend)
+                    lane.select = _events_selector(main.select)
+                    self.lanes.append(lane)
+        else:
+            self.lanes = [_Lane(self, "", backend)]
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # heap of (row id, tiebreak, future)
         self._tiebreak = itertools.count()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._last_alert_log: dict[int | None, float] = {}
-        self._last_retry_log: dict[tuple[int | None, str], float] = {}
-        self._retries_unlogged = 0
         self._settling: set[asyncio.Future[None]] = set()
-        self.up = True
-        wal.add_listener(self._wake.set)
+
+    @property
+    def written_through(self) -> int:
+        """Every pending row id up to this one is in InfluxDB (every destination's), or quarantined."""
+        return min(lane.written_through for lane in self.lanes)
+
+    @property
+    def up(self) -> bool:
+        """Every destination accepts writes."""
+        return all(lane.up for lane in self.lanes)
 
     async def start(self) -> None:
-        await self.backend.prepare()
-        self._tasks.append(asyncio.create_task(self._dispatch(), name="sink-dispatch"))
-        for i in range(max(1, self.settings.concurrency)):
-            self._tasks.append(asyncio.create_task(self._work(), name=f"sink-worker-{i}"))
+        for lane in self.lanes:
+            await lane.start()
 
     async def written(self, row_id: int) -> None:
         """Returns once InfluxDB has the WAL row ``row_id`` (2xx, or its refused lines quarantined)."""
-        if row_id <= self.written_through:
+        if row_id <= self.written_through or (self.routed and self.done_with(row_id)):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (row_id, next(self._tiebreak), future))
@@ -341,22 +410,134 @@ class Sink:
     def hurry(self) -> None:
         """From now on partly filled requests go out at once (``--sink-linger`` no longer applies):
         a drain writes what the WAL holds without waiting for lines that will not come."""
-        self._hurry.set()
+        for lane in self.lanes:
+            lane.hurry.set()
 
     async def stop(self) -> None:
         """Stops sending; requests in flight are abandoned (their rows stay in the WAL)."""
         for _, _, future in self._waiters:
             future.cancel()
         self._waiters.clear()
+        for lane in self.lanes:
+            lane.cancel()
+        for lane in self.lanes:
+            await lane.stopped()
+        if self._settling:  # what InfluxDB confirmed is deleted before the WAL closes
+            await asyncio.gather(*self._settling, return_exceptions=True)
+        for lane in self.lanes:
+            await lane.backend.close()
+
+    # --- called by the lanes ----------------------------------------------------------------------
+
+    def settle(self, rows: Sequence[PendingRow], refused: Sequence[tuple[bytes, int | None, str]]) -> None:
+        """Deletes ``rows`` and quarantines ``refused`` in the background (a WAL commit: an fsync the
+        next request need not wait for)."""
+        if not rows and not refused:
+            return
+        settle = asyncio.ensure_future(self.wal.settle(rows, refused))
+        self._settling.add(settle)
+        settle.add_done_callback(self._settled)
+
+    def passed(self, lane: _Lane, chunks: Sequence[_Chunk]) -> None:
+        """``lane``'s mark moved past ``chunks``: routed, the rows every other lane passed already are
+        deleted; then the ``--ack-after sink`` waiters the new mark covers are released."""
+        if self.routed:
+            others = [other for other in self.lanes if other is not lane]
+            last = [
+                row
+                for chunk in chunks
+                for row in chunk.rows or ()
+                if all(other.written_through >= row.id for other in others)
+            ]
+            self.settle(last, ())
+        self.progressed()
+
+    def progressed(self) -> None:
+        """Releases the ``--ack-after sink`` waiters whose rows every destination has now."""
+        through = self.written_through
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= through:
+            _, _, future = heapq.heappop(waiters)
+            if not future.done():
+                future.set_result(None)
+        if self.routed and waiters:
+            # routed, a later row may be done before an earlier one: its lines went to a destination
+            # that is up, while one that is down holds back only the rows with lines for it
+            done = [w for w in waiters if self.done_with(w[0])]
+            if done:
+                for _, _, future in done:
+                    if not future.done():
+                        future.set_result(None)
+                self._waiters = [w for w in waiters if not self.done_with(w[0])]
+                heapq.heapify(self._waiters)
+
+    def done_with(self, row_id: int) -> bool:
+        """Every destination has row ``row_id`` (or it holds no lines for some of them)."""
+        return all(lane.done_with(row_id) for lane in self.lanes)
+
+    def lane_up_changed(self) -> None:
+        self.metrics.sink_up(self.up)
+
+    def _settled(self, future: asyncio.Future[None]) -> None:
+        self._settling.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.error("could not delete delivered rows from the WAL (they will be sent again): %s", future.exception())
+
+
+class _Lane:
+    """One destination's reader and senders: its own cursor in the WAL, its own requests in flight,
+    its own retries and backoff, so a destination that is down or slow holds back only itself."""
+
+    def __init__(self, sink: Sink, name: str, backend: Backend) -> None:
+        self.sink = sink
+        self.name = name  # "" when the sink is not routed (log lines and metrics then name no destination)
+        self.backend = backend
+        self.wal = sink.wal
+        self.metrics = sink.metrics
+        self.settings = sink.settings
+        #: Routed: this lane's lines of a body (None: every line).
+        self.select: Callable[[bytes], tuple[bytes, int]] | None = None
+        self._wake = asyncio.Event()
+        self.hurry = asyncio.Event()  # set by a drain: partly filled requests no longer linger
+        # (chunk, rows, routed: this destination's lines of the rows and their number)
+        self._queue: asyncio.Queue[tuple[_Chunk, list[PendingRow], bytes, int]] = asyncio.Queue(
+            maxsize=max(1, self.settings.concurrency)
+        )
+        self._chunks: deque[_Chunk] = deque()
+        self.written_through = 0  # every pending row id up to this one is in this destination (or quarantined)
+        #: Routed: ids of rows past the mark that hold none of this destination's lines.
+        self.clear: set[int] = set()
+        self._clear_kept = 1024
+        self._skimmed = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_alert_log: dict[int | None, float] = {}
+        self._last_retry_log: dict[tuple[int | None, str], float] = {}
+        self._retries_unlogged = 0
+        self.up = True
+        self.wal.add_listener(self._wake.set)
+        if name:
+            self.metrics.destination_up(name, True)
+
+    async def start(self) -> None:
+        await self.backend.prepare()
+        label = f"sink-{self.name}" if self.name else "sink"
+        self._tasks.append(asyncio.create_task(self._dispatch(), name=f"{label}-dispatch"))
+        for i in range(max(1, self.settings.concurrency)):
+            self._tasks.append(asyncio.create_task(self._work(), name=f"{label}-worker-{i}"))
+
+    def cancel(self) -> None:
         for task in self._tasks:
             task.cancel()
+
+    async def stopped(self) -> None:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        if self._settling:  # what InfluxDB confirmed is deleted before the WAL closes
-            await asyncio.gather(*self._settling, return_exceptions=True)
-        await self.backend.close()
+
+    @property
+    def _where(self) -> str:
+        return f" ({self.name})" if self.name else ""
 
     # --- reading the WAL ------------------------------------------------------------------------
 
@@ -368,53 +549,113 @@ class Sink:
             rows = await asyncio.to_thread(self.wal.read_after, after, target)
             if rows and sum(r.line_count for r in rows) < target and self.settings.linger_s > 0:
                 with contextlib.suppress(TimeoutError):  # a drain does not wait for more lines
-                    await asyncio.wait_for(self._hurry.wait(), self.settings.linger_s)
+                    await asyncio.wait_for(self.hurry.wait(), self.settings.linger_s)
                 rows = await asyncio.to_thread(self.wal.read_after, after, target)
             if not rows:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=1.0)
                 continue
             after = rows[-1].id
-            chunk = _Chunk(after)
+            if not self.sink.routed:
+                chunk = _Chunk(after)
+                self._chunks.append(chunk)
+                await self._queue.put((chunk, rows, b"", 0))
+                continue
+            body, count, clear = await asyncio.to_thread(self._mine, rows)
+            if clear:
+                self.clear.update(clear)
+                self.sink.progressed()
+            chunk = _Chunk(after, rows)
             self._chunks.append(chunk)
-            await self._queue.put((chunk, rows))
+            if not count:  # nothing of this destination's: passed at once
+                self._chunk_done(chunk)
+                continue
+            if self._queue.full():
+                await self._skim(after)
+            await self._queue.put((chunk, rows, body, count))
+
+    def _mine(self, rows: Sequence[PendingRow]) -> tuple[bytes, int, list[int]]:
+        """This destination's lines of ``rows``, their number, and the ids of the rows without any."""
+        if self.select is None:
+            return _rows_body(rows), sum(r.line_count for r in rows), []
+        parts: list[bytes] = []
+        count = 0
+        clear: list[int] = []
+        for row in rows:
+            body, n = self.select(gunzip_bytes(row.gzipped))
+            if n:
+                parts.append(body)
+                count += n
+            else:
+                clear.append(row.id)
+        return b"".join(parts), count, clear
+
+    async def _skim(self, after: int) -> None:
+        """While this destination's requests are all taken (it is down or slow), reads on past ``after``
+        without keeping anything but the ids of the rows that hold none of its lines: their batches
+        need not wait for this destination (``--ack-after sink``). The rows that do are read again
+        once there is room."""
+        target = self.settings.batch_lines
+        skimmed = max(after, self._skimmed)
+        while self._queue.full():
+            self._wake.clear()
+            rows = await asyncio.to_thread(self.wal.read_after, skimmed, target)
+            if not rows:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+                continue
+            _, _, clear = await asyncio.to_thread(self._mine, rows)
+            self.clear.update(clear)
+            skimmed = self._skimmed = rows[-1].id
+            if clear:
+                self.sink.progressed()
+
+    def done_with(self, row_id: int) -> bool:
+        """This destination has row ``row_id``'s lines (or the row holds none of them)."""
+        return row_id <= self.written_through or row_id in self.clear
 
     def _chunk_done(self, chunk: _Chunk) -> None:
         chunk.done = True
+        passed: list[_Chunk] = []
         while self._chunks and self._chunks[0].done:
-            self.written_through = self._chunks.popleft().last_id
-        waiters = self._waiters
-        while waiters and waiters[0][0] <= self.written_through:
-            _, _, future = heapq.heappop(waiters)
-            if not future.done():
-                future.set_result(None)
+            passed.append(self._chunks.popleft())
+            self.written_through = passed[-1].last_id
+        if passed:
+            if self.clear and len(self.clear) > 2 * self._clear_kept:  # forget what the mark passed
+                self.clear = {row_id for row_id in self.clear if row_id > self.written_through}
+                self._clear_kept = max(1024, len(self.clear))
+            self.sink.passed(self, passed)
+            for done in passed:
+                done.rows = None
 
     async def _work(self) -> None:
         while True:
-            chunk, rows = await self._queue.get()
+            chunk, rows, body, count = await self._queue.get()
             refused: list[tuple[bytes, int | None, str]] = []
             backoff = self._backoff()
             while True:
                 try:
-                    body = await asyncio.to_thread(_rows_body, rows)
-                    await self._deliver(body, sum(r.line_count for r in rows), refused)
+                    if not self.sink.routed:
+                        body = await asyncio.to_thread(_rows_body, rows)
+                        count = sum(r.line_count for r in rows)
+                    await self._deliver(body, count, refused)
                     break
                 except Exception:  # a bug must not lose the rows: they are sent again
-                    log.exception("sending %d WAL rows failed unexpectedly; sending them again", len(rows))
+                    log.exception(
+                        "sending %d WAL rows failed unexpectedly%s; sending them again", len(rows), self._where
+                    )
                     refused.clear()
                     await backoff.wait()
-            self._chunk_done(chunk)
-            # deleting the rows waits for a WAL commit (an fsync): the next request need not wait for it
-            settle = asyncio.ensure_future(self.wal.settle(rows, refused))
-            self._settling.add(settle)
-            settle.add_done_callback(self._settled)
+            if not self.sink.routed:
+                self._chunk_done(chunk)
+                self.sink.settle(rows, refused)
+            else:
+                # routed, a row is deleted once every lane passed it (Sink.passed); what this
+                # destination refused is quarantined first, so that no deletion can overtake it
+                self.sink.settle((), refused)
+                self._chunk_done(chunk)
             for _, status, _ in refused:
                 self.metrics.quarantined(quarantine_label(status))
-
-    def _settled(self, future: asyncio.Future[None]) -> None:
-        self._settling.discard(future)
-        if not future.cancelled() and future.exception() is not None:
-            log.error("could not delete delivered rows from the WAL (they will be sent again): %s", future.exception())
 
     # --- one chunk ------------------------------------------------------------------------------
 
@@ -433,8 +674,7 @@ class Sink:
             return
         budget = [self.settings.isolate_budget]
         named, unnamed = refused_lines_named(answer, lines) if verdict is Verdict.REFUSED_LINES else (set(), None)
-        for position in sorted(named):
-            refused.append((lines[position], answer.status, reason(answer)))
+        self._refuse_named(lines, named, answer, refused)
         if named and unnamed == 0:
             return  # every refused line is named; InfluxDB stored the others
         rest = [line for position, line in enumerate(lines) if position not in named]
@@ -449,6 +689,16 @@ class Sink:
         self.metrics.sink_split()
         for half in (lines[:middle], lines[middle:]):
             await self._deliver(_body(half), len(half), refused)
+
+    @staticmethod
+    def _refuse_named(
+        lines: list[bytes], named: set[int], answer: Answer, refused: list[tuple[bytes, int | None, str]]
+    ) -> None:
+        """The lines ``answer`` names as refused go to ``refused``, each with InfluxDB's own words."""
+        why = line_errors(answer) if named else {}
+        for position in sorted(named):
+            own = why.get(position)
+            refused.append((lines[position], answer.status, reason(answer) + (f" ({own})" if own else "")))
 
     async def _isolate(
         self,
@@ -475,6 +725,16 @@ class Sink:
             if verdict is Verdict.TOO_LARGE:
                 await self._split(lines, answer, refused)
                 return
+            if verdict is Verdict.REFUSED_LINES:
+                # InfluxDB 3.x names up to 100 refused lines per answer: take those, look further only
+                # among the others (each round has fewer lines, so this ends)
+                named, unnamed = refused_lines_named(answer, lines)
+                if named:
+                    self._refuse_named(lines, named, answer, refused)
+                    rest = [line for position, line in enumerate(lines) if position not in named]
+                    if rest and unnamed != 0:
+                        await self._isolate(rest, answer, refused, budget, known_bad=False)
+                    return
         if len(lines) == 1:
             refused.append((lines[0], answer.status, reason(answer)))
             return
@@ -497,6 +757,8 @@ class Sink:
             self.metrics.write_request(answer.status, verdict.value, elapsed)
             if verdict is Verdict.WRITTEN:
                 self.metrics.written(count)
+                if self.name:
+                    self.metrics.destination_written(self.name, count)
                 self._set_up(True)
                 return answer
             if verdict in (Verdict.REFUSED_LINES, Verdict.TOO_LARGE, Verdict.SERIES_LIMIT):
@@ -509,13 +771,15 @@ class Sink:
                 delay = backoff.next_delay_s()
             elif verdict is Verdict.THROTTLED and answer.retry_after_s is not None:
                 delay = min(answer.retry_after_s, self.settings.retry_after_max_s)
-                log.warning("InfluxDB answered %s; waiting Retry-After %.1f s", answer.status, delay)
+                log.warning("InfluxDB%s answered %s; waiting Retry-After %.1f s", self._where, answer.status, delay)
             else:
                 # InfluxDB is down or failing (a full disk among others): it does not accept writes
                 delay = backoff.next_delay_s()
                 self._set_up(False)
                 self._log_retry(answer, delay)
             self.metrics.sink_retry(verdict.value)
+            if self.name:
+                self.metrics.destination_retry(self.name, verdict.value)
             await asyncio.sleep(delay)
 
     def _backoff(self) -> Backoff:
@@ -536,7 +800,8 @@ class Sink:
         )
         self._retries_unlogged = 0
         log.warning(
-            "InfluxDB write failed (%s: %s); retrying in %.1f s, the WAL keeps the lines%s",
+            "InfluxDB%s write failed (%s: %s); retrying in %.1f s, the WAL keeps the lines%s",
+            self._where,
             answer.status if answer.status is not None else "no answer",
             answer.body[:300],
             delay_s,
@@ -550,10 +815,12 @@ class Sink:
         if now - self._last_alert_log.get(answer.status, -1e9) >= _ALERT_LOG_INTERVAL_S:
             self._last_alert_log[answer.status] = now
             log.error(
-                "InfluxDB refuses the collector's writes (HTTP %s: %s); check --influx-url, the database or "
+                "InfluxDB%s refuses the collector's writes (HTTP %s: %s); check %s, the database or "
                 "bucket, and the credentials. Batches stay in the WAL (%d lines queued) and are retried.",
+                self._where,
                 answer.status,
                 answer.body[:500] or "(no message)",
+                "--influx-route" if self.name and self.name != "default" else "--influx-url",
                 self.wal.depth_lines,
             )
 
@@ -561,8 +828,94 @@ class Sink:
         if up != self.up:
             self.up = up
             if up:
-                log.info("InfluxDB accepts writes again; %d lines queued in the WAL", self.wal.depth_lines)
-        self.metrics.sink_up(up)
+                log.info(
+                    "InfluxDB%s accepts writes again; %d lines queued in the WAL", self._where, self.wal.depth_lines
+                )
+        if self.name:
+            self.metrics.destination_up(self.name, up)
+        self.sink.lane_up_changed()
+
+
+_MEASUREMENT_TEXT = rb"(?:[^\\, ]|\\.)*"  # escaped commas and spaces are part of the name
+_TAG_VALUE = rb"(?:[^\\, ]|\\.)*"
+_MEASUREMENT = re.compile(_MEASUREMENT_TEXT)
+_TAG = re.compile(rb",((?:[^\\=, ]|\\.)*)=(" + _TAG_VALUE + rb")")
+
+
+def cluster_of(line: bytes) -> bytes | None:
+    """The ``cluster`` tag's value of one line of line protocol, escaped as written; None without one.
+
+    Tags are read one by one from the start (escapes skipped), so an escaped ``\\,cluster\\=`` inside
+    another tag's value is not taken for the tag."""
+    match = _MEASUREMENT.match(line)
+    position = match.end() if match is not None else 0
+    while True:
+        tag = _TAG.match(line, position)
+        if tag is None:
+            return None
+        if tag.group(1) == b"cluster":
+            return tag.group(2)
+        position = tag.end()
+
+
+def cluster_tag_text(cluster: str) -> bytes:
+    """A cluster name as its tag value is written in line protocol (``,``, ``=`` and space escaped)."""
+    return cluster.replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ").encode()
+
+
+def _selector(lane: _Lane, where: dict[bytes, _Lane], default: _Lane) -> Callable[[bytes], tuple[bytes, int]]:
+    """``select(body) -> (lines, count)``: the lines of ``body`` (one WAL row) that go to ``lane`` (a
+    line whose cluster no route names goes to ``default``)."""
+
+    def select(body: bytes) -> tuple[bytes, int]:
+        lines = body.count(b"\n")
+        whole = _row_cluster(body, lines)
+        if whole is not None:  # the common case: one agent's batch, every line with the agent's tags
+            return (body, lines) if where.get(whole, default) is lane else (b"", 0)
+        mine = [line for line in body.splitlines(keepends=True) if where.get(cluster_of(line) or b"", default) is lane]
+        return b"".join(mine), len(mine)
+
+    return select
+
+
+def _row_cluster(body: bytes, lines: int) -> bytes | None:
+    """The cluster of every line of ``body`` when they all have the same (``b""``: none has the tag);
+    None when that takes reading the lines one by one (a mix, or a lookalike in another value).
+
+    A WAL row is one agent batch, and each of its lines carries the agent's tags: so the cluster of
+    the first line that has the tag is counted as text over the whole body, at memchr speed, rather
+    than by parsing ~5 000 lines in Python."""
+    at = body.find(b",cluster=")
+    if at < 0:
+        return b""
+    start = body.rfind(b"\n", 0, at) + 1
+    end = body.find(b"\n", at)
+    cluster = cluster_of(body[start : end + 1 if end >= 0 else len(body)])
+    if cluster is None:
+        return None
+    tag = b",cluster=" + cluster
+    return cluster if body.count(tag + b",") + body.count(tag + b" ") == lines else None
+
+
+# a line of an events measurement, found after the newline that ends the line before it (the body
+# gets one in front): a literal first character lets the regex engine skip along at memchr speed
+_EVENT_LINE = re.compile(rb"\n((?:" + b"|".join(name.encode() for name in EVENT_MEASUREMENTS) + rb")[, ][^\n]*)")
+
+
+def _events_selector(
+    inner: Callable[[bytes], tuple[bytes, int]] | None,
+) -> Callable[[bytes], tuple[bytes, int]]:
+    """``select(body)``: the :data:`EVENT_MEASUREMENTS` lines of ``body`` that ``inner`` selects (None:
+    all of them). The measurement is the line's start, so a regex over the body finds them."""
+
+    def select(body: bytes) -> tuple[bytes, int]:
+        found = _EVENT_LINE.findall(b"\n" + body)
+        if not found:
+            return b"", 0
+        mine = b"\n".join(found) + b"\n"
+        return inner(mine) if inner is not None else (mine, len(found))
+
+    return select
 
 
 def _rows_body(rows: Sequence[PendingRow]) -> bytes:

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuprobe import __version__
 from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.retention import write_with_events
 from gpuprobe.model.analysis import ModelSettings, Results, analyze
 from gpuprobe.model.data import Dataset, find_probe, load, range_window
 
@@ -72,5 +73,5 @@ def run(settings: ModelSettings) -> ReportPaths:
     written = 0
     if settings.write_model:
         with InfluxClient(settings.influx, user_agent="gpuprobe-model") as client:
-            written = client.write("".join(model_lines(results)))
+            written = write_with_events(client, "".join(model_lines(results)))
     return ReportPaths(html_path, json_path, summary_table(results), results, written)

@@ -24,6 +24,7 @@ from typing import Any
 
 from gpuprobe import __version__
 from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.retention import write_with_events
 from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.model.data import NoDataError
 from gpuprobe.study.analysis import StudyReport, analyze
@@ -136,5 +137,5 @@ def run(settings: ReportSettings, progress: Progress | None = None) -> ReportOut
             )
             settings.json.parent.mkdir(parents=True, exist_ok=True)
             settings.json.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        written = client.write("".join(model_lines(report))) if settings.write_model else 0
+        written = write_with_events(client, "".join(model_lines(report))) if settings.write_model else 0
     return ReportOutcome(report, summary_table(report), settings.html, settings.json, written)

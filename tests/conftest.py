@@ -25,6 +25,16 @@ def influxdb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Influx
         yield server
 
 
+@pytest.fixture
+def second_influxdb(tmp_path: Path) -> Iterator[InfluxDBServer]:
+    """A second InfluxDB process of this test alone (another region's server, for routing): it may be
+    stopped and started again; started the same way as the session's."""
+    server = InfluxDBServer(tmp_path / "influxdb-second")
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def mosquitto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoServer]:
     """The session's Mosquitto broker: anonymous clients allowed, no persistence."""

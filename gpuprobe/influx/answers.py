@@ -38,6 +38,7 @@ _DISK_FULL = re.compile(r"no space left on device|disk full|\bENOSPC\b|disk quot
 _MAX_SERIES = re.compile(r"max[- ]series[- ]per[- ]database", re.IGNORECASE)
 _UNPARSEABLE = re.compile(r"unable to parse '(.*?)': ")
 _DROPPED = re.compile(r"dropped=(\d+)")
+_MOST_NAMED_3X = 100  # rejected points an InfluxDB 3.x or Cloud answer lists at most
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,9 @@ def refused_lines_named(answer: Answer, lines: Sequence[bytes]) -> tuple[set[int
             number = item.get("line_number") if isinstance(item, dict) else None
             if isinstance(number, int) and 1 <= number <= len(lines):
                 named.add(number - 1)
-        return named, 0 if named else None
+        # 3.x and Cloud name "up to 100" rejected points: a full list may leave some unnamed
+        complete = bool(named) and len(document["data"]) < _MOST_NAMED_3X
+        return named, 0 if complete else None
     body = error_text(answer.body) if isinstance(document, dict) else answer.body
     texts = set(_UNPARSEABLE.findall(body))
     if texts:
@@ -129,6 +132,17 @@ def refused_lines_named(answer: Answer, lines: Sequence[bytes]) -> tuple[set[int
                 named.add(position)
     dropped = _DROPPED.search(body)
     return named, int(dropped.group(1)) if dropped else None
+
+
+def line_errors(answer: Answer) -> dict[int, str]:
+    """InfluxDB 3.x's own message for each line a partial write names: ``{position: message}``."""
+    document = _json_document(answer.body)
+    errors: dict[int, str] = {}
+    if isinstance(document, dict) and isinstance(document.get("data"), list):
+        for item in document["data"]:
+            if isinstance(item, dict) and isinstance(item.get("line_number"), int) and item.get("error_message"):
+                errors[item["line_number"] - 1] = str(item["error_message"])[:1000]
+    return errors
 
 
 def parse_retry_after(value: str | None, now_s: float | None = None) -> float | None:

@@ -9,7 +9,12 @@ What :func:`init_db` sets up, idempotently (run it again: it changes only what d
   from the raw data, 1 min windows from the 10 s rollup for ``gpu`` and from the raw data for
   ``node``), every tag kept (``GROUP BY time(...), *``);
 - ``forever`` (infinite) holding the ``rp_config`` measurement: which policy a dashboard reads for a
-  time range of a given length (the dashboards' ``$rp`` variable, docs/dashboards.md).
+  time range of a given length (the dashboards' ``$rp`` variable, docs/dashboards.md);
+- ``events`` (default 400 days) for the rare points worth keeping as long as the 1 min rollup:
+  :data:`EVENT_MEASUREMENTS` (probes, trainer progress, GPU inventory and events, model results).
+  When it is created, what the raw policy holds of them is copied into it. Writers find it with
+  :func:`events_policy` and write those points into it *as well as* into the database's default
+  policy, where today's readers (dashboards, ``gpuprobe model``, ``study``) query them.
 
 A continuous query is a scheduled ``SELECT ... INTO``: :func:`backfill` runs the same statements over
 a time range, for data that arrived after its windows were computed (an agent's spool replayed after
@@ -18,6 +23,7 @@ an outage) and for tests. The rollup schema is in docs/schema.md ("Rollups").
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
@@ -26,11 +32,18 @@ from gpuprobe.errors import ConfigError
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.influxql import InfluxError, quote_identifier
 
+log = logging.getLogger(__name__)
+
 ROLLUP_10S = "rollup_10s"
 ROLLUP_1M = "rollup_1m"
 CONFIG_RP = "forever"
 CONFIG_MEASUREMENT = "rp_config"
 DEFAULT_RAW_RP = "autogen"
+EVENTS_RP = "events"
+#: Measurements that are rare and worth keeping longer than the raw 10 Hz telemetry: written into
+#: ``events`` too once ``--init-db`` created it (the collector writes the first four, ``gpuprobe
+#: model`` and ``study`` the last).
+EVENT_MEASUREMENTS = ("probe", "trainer", "gpu_info", "gpu_event", "model")
 
 #: Range lengths (ms) up to which a dashboard reads each policy: raw up to 3 h (about 10 s per pixel
 #: of a 1 000-pixel panel), the 10 s rollup up to 2 days, the 1 min rollup beyond.
@@ -106,6 +119,7 @@ class RetentionPlan:
     raw_s: float | None = 7 * 86400.0
     rollup_10s_s: float | None = 90 * 86400.0
     rollup_1m_s: float | None = 400 * 86400.0
+    events_s: float | None = 400 * 86400.0
 
     def check(self) -> None:
         if not self.database:
@@ -115,11 +129,17 @@ class RetentionPlan:
                 f"retention policy {self.raw_rp!r}: use letters, digits and _ only (the dashboards put the name "
                 "in their queries as it is)"
             )
-        if self.raw_rp in (ROLLUP_10S, ROLLUP_1M, CONFIG_RP):
+        if self.raw_rp in (ROLLUP_10S, ROLLUP_1M, CONFIG_RP, EVENTS_RP):
             raise InitDbError(f"the raw retention policy cannot be named {self.raw_rp!r} (--init-db uses that name)")
 
     def durations(self) -> dict[str, float | None]:
-        return {self.raw_rp: self.raw_s, ROLLUP_10S: self.rollup_10s_s, ROLLUP_1M: self.rollup_1m_s, CONFIG_RP: None}
+        return {
+            self.raw_rp: self.raw_s,
+            ROLLUP_10S: self.rollup_10s_s,
+            ROLLUP_1M: self.rollup_1m_s,
+            CONFIG_RP: None,
+            EVENTS_RP: self.events_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -279,6 +299,9 @@ def _init_db(client: InfluxClient, plan: RetentionPlan) -> InitReport:
             default = " DEFAULT" if make_default else ""
             _run(client, f"CREATE RETENTION POLICY {qname} ON {qdb} DURATION {literal} REPLICATION 1{default}")
             report.add(what, "created")
+            if name == EVENTS_RP and plan.raw_rp in policies:
+                copied = copy_events(client, plan)
+                report.add(f"{copied} points of {', '.join(EVENT_MEASUREMENTS)} copied from {plan.raw_rp}", "changed")
             continue
         have, is_default, shard = policies[name]
         changes = []
@@ -330,6 +353,43 @@ def _init_db(client: InfluxClient, plan: RetentionPlan) -> InitReport:
     else:
         report.add(f"{CONFIG_RP}.{CONFIG_MEASUREMENT} (dashboards' $rp by range length)", "unchanged")
     return report
+
+
+def copy_events(client: InfluxClient, plan: RetentionPlan) -> int:
+    """Copies the :data:`EVENT_MEASUREMENTS` points of the raw policy into ``events`` (every tag kept);
+    returns how many were written. Idempotent: a point copied twice overwrites itself."""
+    db = quote_identifier(plan.database)
+    names = "|".join(EVENT_MEASUREMENTS)
+    statement = (
+        f"SELECT * INTO {db}.{quote_identifier(EVENTS_RP)}.:MEASUREMENT "
+        f"FROM {db}.{quote_identifier(plan.raw_rp)}./^({names})$/ GROUP BY *"
+    )
+    return sum(int(row[1]) for s in client.execute(statement, database=plan.database) for row in s.values)
+
+
+def events_policy(client: InfluxClient, database: str | None = None) -> str | None:
+    """``events`` when the database has that retention policy (``--init-db`` made it), else None.
+
+    Raises :class:`.influxql.InfluxError` when InfluxDB cannot answer."""
+    db = client.settings.database if database is None else database
+    answer = client.query(f"SHOW RETENTION POLICIES ON {quote_identifier(db)}", database="")
+    return EVENTS_RP if any(str(row[0]) == EVENTS_RP for s in answer for row in s.values) else None
+
+
+def write_with_events(client: InfluxClient, lines: str) -> int:
+    """Writes ``lines`` (points of :data:`EVENT_MEASUREMENTS`) as configured, and into ``events`` too
+    when the database has it; returns how many lines were written (once counted)."""
+    written = client.write(lines)
+    if not written:
+        return 0
+    try:
+        policy = events_policy(client)
+    except InfluxError as exc:  # a user who may write but not list policies: the default policy has them
+        log.warning("cannot list the retention policies (%s): the points are in the default policy only", exc)
+        return written
+    if policy is not None:
+        client.write(lines, retention_policy=policy)
+    return written
 
 
 def _levels(plan: RetentionPlan) -> list[tuple[str, int, int]]:

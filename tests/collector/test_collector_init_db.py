@@ -81,7 +81,9 @@ def test_init_db_creates_policies_and_queries_and_is_safe_to_run_again(influxdb:
         "rollup_10s": ("2160h0m0s", "24h0m0s", False),
         "rollup_1m": ("9600h0m0s", "168h0m0s", False),
         "forever": ("0s", "168h0m0s", False),
+        "events": ("9600h0m0s", "168h0m0s", False),
     }
+    assert "created   retention policy events (duration 400d)" in first.stdout
     cqs = {
         row[0]
         for s in influxdb.server.execute("SHOW CONTINUOUS QUERIES")
@@ -248,3 +250,112 @@ def test_a_user_without_admin_rights_is_told_so(tmp_path: Path) -> None:
         refused = gpuprobe(*base, "--influx-username", "writer", "--influx-password", "secret-writer")
         assert refused.returncode == 1
         assert "give an admin user" in refused.stderr and "not authorized" in refused.stderr, refused.stderr
+
+
+def probe_batch(agent: object, probe: str, t_ns: int) -> object:
+    """A batch with GPU samples, a probe's start, a trainer sample and an XID (points of ``events``)."""
+    from gpuprobe.v1 import common_pb2, telemetry_pb2
+
+    batch = agent.factory.batch(samples_per_gpu=2)  # type: ignore[attr-defined]
+    batch.probe_events.append(
+        telemetry_pb2.ProbeEvent(
+            time_unix_ns=t_ns,
+            probe_id=probe,
+            workload="matmul",
+            kind=telemetry_pb2.PROBE_EVENT_KIND_START,
+            phase=common_pb2.PROBE_PHASE_IDLE_BASELINE,
+            status=common_pb2.PROBE_STATUS_RUNNING,
+        )
+    )
+    batch.trainer_samples.append(
+        telemetry_pb2.TrainerSample(
+            time_unix_ns=t_ns + 1,
+            probe_id=probe,
+            workload="matmul",
+            gpu_index=0,
+            step=10,
+            samples_per_s=1234.5,
+            batch_size=64,
+            phase=common_pb2.PROBE_PHASE_IDLE_BASELINE,
+        )
+    )
+    batch.gpu_events.append(
+        telemetry_pb2.GpuEvent(time_unix_ns=t_ns + 2, gpu_index=0, kind=telemetry_pb2.GPU_EVENT_KIND_XID, data=79)
+    )
+    return batch
+
+
+def test_probe_points_go_to_the_events_policy_too_and_readers_still_find_them(
+    influxdb: InfluxDBDatabase, tmp_path: Path
+) -> None:
+    """Before --init-db the collector writes probe points into the default policy only; --init-db
+    creates ``events`` and copies them there; a collector started afterwards writes them into both,
+    and ``gpuprobe model``'s probe query and the dashboards' probe annotation (default policy) still
+    find every probe, while ``events`` keeps them for 400 days."""
+    import asyncio
+
+    from collector_helpers import collector_config, running
+
+    from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
+    from gpuprobe.influx.retention import EVENTS_RP, events_policy, write_with_events
+    from gpuprobe.model.data import find_probe
+    from gpuprobe.model.grafana_health import XID_ANNOTATION
+    from gpuprobe.model.grafana_parts import PHASE_ANNOTATION
+
+    def send(probe: str, wal: str) -> dict[str, float]:
+        config = collector_config(tmp_path / wal, influxdb.server.url, influxdb.name)
+
+        async def scenario() -> dict[str, float]:
+            async with running(config) as collector:
+                agent = SyntheticAgent(f"127.0.0.1:{collector.port}", AgentSpec(f"node-{probe}", gpus=1), window=4)
+                task = asyncio.create_task(agent.run())
+                last = agent.enqueue(probe_batch(agent, probe, time.time_ns()))  # type: ignore[arg-type]
+                await agent.wait_acked(last, 20)
+                await agent.close()
+                await task
+                deadline = time.monotonic() + 20
+                while collector.wal.depth_rows and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                return {
+                    "events_lane_up": collector.metrics.value(
+                        "gpuprobe_collector_destination_up", {"destination": f"default ({EVENTS_RP})"}
+                    ),
+                }
+
+        return asyncio.run(scenario())
+
+    def count(rp: str, measurement: str, probe: str) -> int:
+        series = influxdb.query(f'SELECT count(*) FROM "{rp}"."{measurement}" WHERE "probe" = \'{probe}\'')
+        return max((int(v) for s in series for v in s.values[0][1:] if v is not None), default=0)
+
+    assert send("before", "wal-1") == {"events_lane_up": 0}  # no events policy: no lane
+    assert count("autogen", "probe", "before") == 1
+
+    done = gpuprobe("--init-db", "--influx-url", influxdb.server.url, "--influx-db", influxdb.name)
+    assert done.returncode == 0, done.stderr
+    assert "created   retention policy events (duration 400d)" in done.stdout
+    assert re.search(
+        r"changed\s+\d+ points of probe, trainer, gpu_info, gpu_event, model copied from autogen", done.stdout
+    )
+    assert count(EVENTS_RP, "probe", "before") == 1 and count(EVENTS_RP, "trainer", "before") == 1
+
+    assert send("after", "wal-2") == {"events_lane_up": 1}
+    for measurement in ("probe", "trainer"):
+        assert count(EVENTS_RP, measurement, "after") == 1, measurement
+        assert count("autogen", measurement, "after") == 1, measurement  # where today's readers look
+    assert count(EVENTS_RP, "gpu", "after") == 0  # the 10 Hz telemetry stays in the raw policy only
+    assert len(influxdb.query(f'SELECT * FROM "{EVENTS_RP}"."gpu_event" WHERE "host" = \'node-after\'')) == 1
+
+    with InfluxClient(InfluxSettings(url=influxdb.server.url, database=influxdb.name)) as reader:
+        for probe in ("before", "after"):  # gpuprobe model's reader
+            assert find_probe(reader, probe).hosts == [f"node-{probe}"]
+        # the dashboards' annotations of probe phases and XIDs, as generated
+        span = "time > now() - 1h"
+        phases = reader.query(str(PHASE_ANNOTATION["query"]).replace("$timeFilter", span))
+        assert len(phases[0].values) == 2
+        xids = reader.query(str(XID_ANNOTATION["query"]).replace("$timeFilter", span))
+        assert len(xids[0].values) == 2
+        assert events_policy(reader) == EVENTS_RP
+        # gpuprobe model and study write their results the same way
+        written = write_with_events(reader, f"model,probe=after,kind=thermal,host=h r_th=0.1 {time.time_ns()}\n")
+        assert written == 1 and count(EVENTS_RP, "model", "after") == 1 and count("autogen", "model", "after") == 1
