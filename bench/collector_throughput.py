@@ -16,6 +16,16 @@ the time from a sample to being queryable, all measured in one run on this machi
 4. **Latency**: a steady fleet load (16 agents x 8 GPUs at 10 Hz, flushing every 0.5 s) plus one
    probe agent sending a one-sample batch every 100 ms stamped when sent; a poller queries InfluxDB
    every 20 ms and records when each probe sample becomes visible.
+
+With ``--cpu-per-sample raw8,raw80,raw400,agg8`` only the collector's CPU per sample at fleet batch
+shapes is measured instead: for each shape a fresh ``gpuprobe collector`` (``--ack-after wal``, a
+real InfluxDB behind it) serves ``--cpu-agents`` synthetic 8-GPU agents that each send one batch a
+second (spread over the second, as bench/fleet_scale.py does): ``raw8`` one sample per GPU (1 Hz),
+``raw80`` ten (10 Hz), ``raw400`` fifty, ``agg8`` one 1 s ``GpuAggregate`` of ten readings per GPU,
+``agg80`` ten of them (the batch of an agent flushing every 10 s).
+After ``--cpu-warmup-s`` the collector's utime + stime (``/proc``, all threads; the event loop's
+thread apart) over ``--cpu-steady-s`` is divided by the samples it counted (an aggregate counts as
+one). ``--collector-python`` runs another checkout's collector (before/after comparisons).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -304,6 +315,119 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
+# --- 5. collector CPU per sample at fleet batch shapes ---------------------------------------------------
+
+# per shape: GpuSamples (raw) or 1 s GpuAggregates (agg) of each of 8 GPUs per batch, and how many
+SHAPES = {"raw8": ("raw", 1), "raw80": ("raw", 10), "raw400": ("raw", 50), "agg8": ("agg", 1), "agg80": ("agg", 10)}
+
+
+async def paced_load(
+    shape: str,
+    address: str,
+    agents: int,
+    warmup_s: float,
+    steady_s: float,
+    collector_pid: int,
+    metrics: Any,
+    profile: Callable[[], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """``agents`` agents sending one ``shape`` batch a second; the collector's CPU over the steady
+    window; then, under the same load, ``profile`` (py-spy, not in the figures)."""
+    from fleet_scale import FleetAgent, produce, thread_cpu_seconds
+
+    fleet = []
+    for i in range(agents):
+        spec = AgentSpec(f"cpu-{shape}-{i:04d}", gpus=8)
+        factory = SampleFactory(spec, seed=i)
+        kind, per_gpu = SHAPES[shape]
+        make = factory.aggregate_batch if kind == "agg" else factory.batch
+        template = make(per_gpu)
+        agent = SyntheticAgent(address, spec, window=32)
+        fleet.append(FleetAgent(agent, template, per_gpu, 1.0, phase_s=(i * 0.618034) % 1.0))
+    tasks = [asyncio.create_task(member.agent.run()) for member in fleet]
+    stop = asyncio.Event()
+    producer = asyncio.create_task(produce(fleet, stop))
+    await asyncio.sleep(warmup_s)
+
+    def snapshot() -> tuple[float, dict[int, float], dict[str, float], float]:
+        return time.monotonic(), thread_cpu_seconds(collector_pid), metrics(), time.process_time()
+
+    before = await asyncio.to_thread(snapshot)
+    load_before = os.getloadavg()[0]
+    await asyncio.sleep(steady_s)
+    after = await asyncio.to_thread(snapshot)
+    profiled = await asyncio.to_thread(profile) if profile is not None else None
+    stop.set()
+    lag_s = await producer
+    for member in fleet:
+        await member.agent.close(timeout_s=120)
+    await asyncio.gather(*tasks)
+    seconds = after[0] - before[0]
+    cpu = sum(after[1].values()) - sum(before[1].get(tid, 0.0) for tid in after[1])
+    loop_cpu = after[1].get(collector_pid, 0.0) - before[1].get(collector_pid, 0.0)
+
+    def delta(name: str) -> float:
+        return after[2].get(name, 0.0) - before[2].get(name, 0.0)
+
+    samples = delta("gpuprobe_collector_samples_received_total")
+    batches = delta("gpuprobe_collector_batches_received_total")
+    return {
+        "shape": shape,
+        "agents": agents,
+        "samples_per_s": round(samples / seconds),
+        "batches_per_s": round(batches / seconds, 1),
+        "cpu_pct_of_core": round(100 * cpu / seconds, 1),
+        "cpu_us_per_sample": round(cpu / samples * 1e6, 2),
+        "cpu_us_per_batch": round(cpu / batches * 1e6),
+        "event_loop_share": round(loop_cpu / cpu, 2),
+        "batches_per_wal_commit": round(batches / max(1.0, delta("gpuprobe_collector_wal_commit_seconds_count")), 1),
+        "influx_requests_per_s": round(delta("gpuprobe_collector_write_requests_total") / seconds, 1),
+        "load_generator_pct_of_core": round(100 * (after[3] - before[3]) / seconds, 1),
+        "load_average": round(load_before, 2),
+        "producer_lag_s": round(lag_s, 3),
+    } | ({"profile": profiled} if profiled else {})
+
+
+def cpu_per_sample(args: argparse.Namespace) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fleet_scale import profile, start_collector
+
+    shapes = args.cpu_per_sample.split(",")
+    unknown = sorted(set(shapes) - set(SHAPES))
+    if unknown:
+        raise SystemExit(f"--cpu-per-sample: unknown shape(s) {unknown}; known: {', '.join(SHAPES)}")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="collector-cpu-") as tmp:
+        base = Path(tmp)
+        with InfluxDBServer(base / "influxdb", log_level="warn") as influx:
+            for shape in shapes:
+                wal = base / f"wal-{shape}"
+                collector = start_collector(
+                    shape, influx, wal, "wal", args.collector_args.split(), args.collector_python
+                )
+                try:
+                    figures = asyncio.run(
+                        paced_load(
+                            shape,
+                            collector.address,
+                            args.cpu_agents,
+                            args.cpu_warmup_s,
+                            args.cpu_steady_s,
+                            collector.proc.pid,
+                            collector.metrics,
+                            (lambda c=collector: profile([c], args.cpu_profile_s, args.cpu_profile_dir))
+                            if args.cpu_profile_s
+                            else None,
+                        )
+                    )
+                finally:
+                    collector.proc.terminate()
+                    collector.proc.wait(60)
+                log(f"  {json.dumps(figures)}")
+                results.append(figures)
+    return results
+
+
 # --- main ---------------------------------------------------------------------------------------------------
 
 
@@ -313,10 +437,40 @@ def main() -> int:
     parser.add_argument("--latency-s", type=float, default=30.0, help="length of the latency phase")
     parser.add_argument("--collector-args", default="", help="extra `gpuprobe collector` flags, space-separated")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--cpu-per-sample",
+        metavar="SHAPES",
+        help=f"only measure the collector's CPU per sample for these batch shapes ({','.join(SHAPES)})",
+    )
+    parser.add_argument("--cpu-agents", type=int, default=100, help="--cpu-per-sample: agents, one batch a second each")
+    parser.add_argument("--cpu-warmup-s", type=float, default=5.0, help="--cpu-per-sample: load before the window")
+    parser.add_argument("--cpu-steady-s", type=float, default=20.0, help="--cpu-per-sample: the measured window")
+    parser.add_argument(
+        "--cpu-profile-s",
+        type=float,
+        default=0.0,
+        help="--cpu-per-sample: after the window, py-spy the collector this long (py-spy next to this Python)",
+    )
+    parser.add_argument(
+        "--cpu-profile-dir", type=Path, default=Path("/tmp"), help="--cpu-profile-s: where the profiles go"
+    )
+    parser.add_argument(
+        "--collector-python",
+        default=sys.executable,
+        help="--cpu-per-sample: the interpreter that runs `-m gpuprobe collector` (another checkout's venv)",
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {
         "machine": f"{platform.node()} {os.cpu_count()} CPUs, Python {platform.python_version()}"
     }
+    if args.cpu_per_sample:
+        results["started"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        results["collector_python"] = args.collector_python
+        results["cpu_per_sample"] = cpu_per_sample(args)
+        print(json.dumps(results, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
+        return 0
 
     log("1. encode (CPU time, one process)")
     results["encode_samples_per_s_per_core"] = round(encode_rate(fan=False))

@@ -11,7 +11,9 @@ id picks, failing over in order, as ``gpuprobe agent --collector a,b`` does.
 
 Every agent has ``--gpus`` GPUs and sends one batch every ``--flush-s`` (the agent's
 ``--flush-interval``, 1 s by default): most sample at 1 Hz (at 1 s, a batch of one sample per GPU),
-``--fast-share`` of them at 10 Hz (ten per GPU). Agents are spread evenly over the period. Batches
+``--fast-share`` of them at 10 Hz (ten per GPU). With ``--aggregates`` the 1 Hz agents send instead,
+as agents outside probes do, one 1 s ``GpuAggregate`` per GPU per second (of ten readings; one
+point each, counted as one sample). Agents are spread evenly over the period. Batches
 are made from one template per agent (values from ``SampleFactory``) with fresh, never repeating
 timestamps, so generating them costs little.
 
@@ -142,11 +144,14 @@ class Collector:
         )
 
 
-def start_collector(name: str, influx: InfluxDBServer, wal: Path, ack_after: str, extra: list[str]) -> Collector:
+def start_collector(
+    name: str, influx: InfluxDBServer, wal: Path, ack_after: str, extra: list[str], python: str = sys.executable
+) -> Collector:
+    """``python -m gpuprobe collector`` (another interpreter: another checkout's collector)."""
     port, metrics_port = free_ports(2)
     log_path = wal.parent / f"{name}.log"
     argv = [
-        sys.executable, "-m", "gpuprobe", "--log-level", "warning", "collector", "--insecure",
+        python, "-m", "gpuprobe", "--log-level", "warning", "collector", "--insecure",
         "--listen", f"{LOOPBACK}:{port}", "--metrics-listen", f"{LOOPBACK}:{metrics_port}",
         "--collector-id", name, "--influx-url", influx.url, "--influx-db", DB, "--influx-create-db",
         "--wal", str(wal), "--ack-after", ack_after, *extra,
@@ -176,7 +181,8 @@ class FleetAgent:
 
     @property
     def samples_per_batch(self) -> int:
-        return len(self.template.gpu_samples)
+        """GPU samples and aggregates (one point each) in a batch."""
+        return len(self.template.gpu_samples) + len(self.template.gpu_aggregates)
 
     @property
     def per_gpu(self) -> int:
@@ -189,6 +195,9 @@ class FleetAgent:
         base = self.t0_ns + self.batches * round(self.period_s * NS)
         for k, sample in enumerate(self.template.gpu_samples):
             sample.time_unix_ns = base + (k // self.agent.spec.gpus) * step + sample.gpu_index
+        # aggregates start on whole seconds (1 s intervals); periods are whole seconds with --aggregates
+        for k, aggregate in enumerate(self.template.gpu_aggregates):
+            aggregate.start_unix_ns = base // NS * NS + (k // self.agent.spec.gpus) * NS
         self.template.created_unix_ns = time.time_ns()
         self.batches += 1
         return self.template
@@ -221,7 +230,12 @@ def make_fleet(args: argparse.Namespace, addresses: list[str], acks: Acks, clust
         spec = AgentSpec(f"fleet-{i:05d}", gpus=args.gpus, cluster=cluster)
         rate = 10 if fast else 1
         per_gpu = max(1, round(rate * args.flush_s))
-        template = SampleFactory(spec, seed=i).batch(samples_per_gpu=per_gpu, interval_s=1 / rate)
+        factory = SampleFactory(spec, seed=i)
+        if args.aggregates and not fast:
+            # as an agent outside probes sends: one 1 s aggregate of 10 readings per GPU per second
+            template = factory.aggregate_batch(seconds=round(args.flush_s))
+        else:
+            template = factory.batch(samples_per_gpu=per_gpu, interval_s=1 / rate)
         agent = SyntheticAgent(addresses, spec, window=args.window, on_ack=on_ack, reconnect_max_s=1.0)
         member = FleetAgent(agent, template, rate, args.flush_s, phase_s=(i * 0.618034) % 1.0 * args.flush_s)
         by_agent[spec.id] = member
@@ -301,9 +315,9 @@ async def sample_every(period_s: float, stop: asyncio.Event, what: Callable[[], 
 
 def profile(collectors: list[Collector], seconds: float, out: Path) -> dict[str, Any]:
     """py-spy (sampling, 100 Hz, every thread, no idle) on both collectors at once; summarised."""
-    py_spy = Path(sys.executable).with_name("py-spy")
+    py_spy = Path(os.environ.get("PY_SPY") or Path(sys.executable).with_name("py-spy"))
     if not py_spy.exists():
-        log("  py-spy not installed next to this Python (pip install py-spy): no profile")
+        log("  py-spy not installed next to this Python (pip install py-spy) nor named by $PY_SPY: no profile")
         return {}
     procs = []
     for c in collectors:
@@ -591,6 +605,12 @@ def main() -> int:
     parser.add_argument(
         "--flush-s", type=float, default=1.0, help="each agent sends a batch this often (the agent's --flush-interval)"
     )
+    parser.add_argument(
+        "--aggregates",
+        action="store_true",
+        help="the 1 Hz agents send one 1 s GpuAggregate per GPU per second (of 10 readings) instead of raw samples;"
+        " the --fast-share agents send raw 10 Hz samples; needs a whole-second --flush-s",
+    )
     parser.add_argument("--window", type=int, default=32, help="unacked batches an agent keeps in flight")
     parser.add_argument("--ramp-s", type=float, default=10.0, help="start the agents over this long")
     parser.add_argument("--idle-s", type=float, default=5.0, help="streams open, no batches: collector CPU")
@@ -619,6 +639,8 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if args.aggregates and (args.flush_s < 1 or args.flush_s != round(args.flush_s)):
+        parser.error("--aggregates needs --flush-s to be a whole number of seconds (1 s aggregates)")
     if args.ack_after_a != "sink":
         log("note: collector A in --ack-after wal mode strands what it acked when killed: expect missing samples")
 

@@ -24,6 +24,14 @@ again with its GPU samples merged into one message, :func:`_gpu_health_fields`);
 them takes the fast path over the 16 per-tick fields as before, and in a batch with them only the
 samples that carry one go through the exact path. The health measurements (``gpu_event``,
 ``gpu_process``, ``gpu_nvlink``, ``gpu_mig``) are low volume and take the exact path only.
+
+GPU aggregates (``SampleBatch.gpu_aggregates``: mean, min, max and last of a GPU's fields over an
+interval, one ``gpu`` point tagged ``res`` each) carry up to four times 43 fields, mostly present,
+so they are read row by row: each role's present fields from one ``ListFields`` call, joined with
+cached ``key=`` pieces (suffixed ``_min``, ``_max``, ``_last``), the numbers of the whole batch
+formatted by one ``orjson.dumps`` call. Anything that cannot be written whole (a bad value, GPU,
+interval or timestamp) sends every aggregate of the batch through the exact path, which writes the
+same text and reports what it dropped.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from google.protobuf.message import Message
 
 from gpuprobe.collector.validate import (
     INVALID_STRING,
+    MAX_AGGREGATE_INTERVAL_MS,
     MISSING_FIELD,
     NON_FINITE_VALUE,
     TIMESTAMP_OUT_OF_RANGE,
@@ -47,6 +56,7 @@ from gpuprobe.collector.validate import (
     Identity,
     Limits,
     Problems,
+    aggregate_problem,
     clean_string_field,
     sensor_name_problem,
 )
@@ -193,6 +203,42 @@ GPU_INFO_SPECS: tuple[Spec, ...] = (
 GPU_INFO_STRINGS = ("driver_version", "vbios_version", "architecture", "compute_capability")
 GPU_INFO_STRING_BYTES = 256
 
+# the GpuSample messages of a GpuAggregate and the suffix of their field keys (docs/schema.md)
+AGGREGATE_ROLES = (("mean", ""), ("min", "_min"), ("max", "_max"), ("last", "_last"))
+# the integer field of an aggregated point: how many samples its interval held
+AGGREGATE_COUNT_FIELD = "samples"
+
+
+def resolution_tag(interval_ms: int) -> str:
+    """The ``res`` tag of an aggregate over ``interval_ms``: the largest whole unit of h, m, s
+    that divides it, else ms (``1h``, ``5m``, ``1s``, ``90s``, ``500ms``, ``1500ms``), so each
+    interval has exactly one spelling and a dashboard can write it as an InfluxQL duration."""
+    for unit_ms, unit in ((3_600_000, "h"), (60_000, "m"), (1000, "s")):
+        if interval_ms % unit_ms == 0:
+            return f"{interval_ms // unit_ms}{unit}"
+    return f"{interval_ms}ms"
+
+
+_TEXT = 3  # the string fields of a gpu point (GPU_STRINGS), in _AGGREGATE_KEYS
+
+
+# GpuSample field descriptor -> the key piece of the field after nothing, after a float or bool,
+# after an integer (``k=``, ``,k=``, ``i,k=``), and its kind
+_KeyTable = dict[Any, tuple[tuple[bytes, bytes, bytes], int]]
+
+
+def _key_table(suffix: str) -> _KeyTable:
+    """The gpu fields of one role of a GpuAggregate, their keys ending in ``suffix``."""
+    kinds = {name: kind for name, kind, _ in GPU_SPECS} | dict.fromkeys(GPU_STRINGS, _TEXT)
+    table: _KeyTable = {}
+    for fd in telemetry_pb2.GpuSample.DESCRIPTOR.fields:
+        if fd.name in kinds:
+            key = f"{fd.name}{suffix}=".encode()
+            table[fd] = ((key, b"," + key, b"i," + key), kinds[fd.name])
+    return table
+
+
+_AGGREGATE_KEYS = tuple((role, _key_table(suffix)) for role, suffix in AGGREGATE_ROLES)
 _GPU_NAMES = tuple(name for name, _, _ in GPU_FAST_SPECS)
 _N_GPU = len(_GPU_NAMES)
 _ALL_GPU_FIELDS = (1 << _N_GPU) - 1
@@ -271,14 +317,34 @@ def _gpu_health_fields(batch: telemetry_pb2.SampleBatch, request: bytes | None) 
     return [name for name in GPU_HEALTH_FIELDS if merged.HasField(name)]
 
 
+def _join_rows(lines: list[tuple[bytes, int, int, bytes]], pieces: list[bytes], values: list[Any]) -> bytes | None:
+    """The lines of a row-wise path: per line its series prefix, the range of its ``key=`` pieces
+    and numbers, its tail. The numbers are formatted by one ``orjson.dumps`` call (as on the column
+    path); None if one is NaN or infinite."""
+    text = orjson.dumps(values)
+    if b"null" in text:  # orjson writes NaN and the infinities as null: the exact path drops them
+        return None
+    numbers = text[1:-1].split(b",")
+    parts: list[bytes] = []
+    for prefix, start, end, tail in lines:
+        chunk: list[bytes] = [b""] * (2 * (end - start))
+        chunk[::2] = pieces[start:end]
+        chunk[1::2] = numbers[start:end]
+        parts.append(prefix)
+        parts.extend(chunk)
+        parts.append(tail)
+    return b"".join(parts)
+
+
 def _clean_text(value: str, max_bytes: int) -> str:
     """A free-text string field, cleaned and cut (validate.clean_string_field), quoted; "" if empty."""
     text = clean_string_field(value, max_bytes)
     return quote_string_field(text) if text else ""
 
 
-def _checked_fields(msg: Message, specs: Sequence[Spec], problems: Problems, where: str) -> list[str]:
-    """The exact ``key=value`` texts of ``msg``'s present fields; what cannot be stored is reported."""
+def _checked_fields(msg: Message, specs: Sequence[Spec], problems: Problems, where: str, suffix: str = "") -> list[str]:
+    """The exact ``key=value`` texts of ``msg``'s present fields (keys with ``suffix`` appended);
+    what cannot be stored is reported."""
     parts: list[str] = []
     for name, kind, optional in specs:
         if optional and not msg.HasField(name):
@@ -286,19 +352,19 @@ def _checked_fields(msg: Message, specs: Sequence[Spec], problems: Problems, whe
         value = getattr(msg, name)
         if kind == _FLOAT:
             if value - value != 0.0:  # NaN or an infinity
-                problems.value(NON_FINITE_VALUE, f"{where}: {name} is {value!r}; value dropped")
+                problems.value(NON_FINITE_VALUE, f"{where}: {name}{suffix} is {value!r}; value dropped")
                 continue
-            parts.append(f"{name}={float_text(value)}")
+            parts.append(f"{name}{suffix}={float_text(value)}")
         elif kind == _INT:
             if value > INT64_MAX:
                 problems.value(
                     NON_FINITE_VALUE,
-                    f"{where}: {name}={value} is beyond the int64 range of InfluxDB integers; value dropped",
+                    f"{where}: {name}{suffix}={value} is beyond the int64 range of InfluxDB integers; value dropped",
                 )
                 continue
-            parts.append(f"{name}={value}i")
+            parts.append(f"{name}{suffix}={value}i")
         else:
-            parts.append(f"{name}={'true' if value else 'false'}")
+            parts.append(f"{name}{suffix}={'true' if value else 'false'}")
     return parts
 
 
@@ -324,6 +390,7 @@ class StreamEncoder:
         self._gpu_prefixes: dict[tuple[int, str, str], str | tuple[int, str]] = {}
         self._templates: dict[tuple[str, int, int], tuple[bytes, bool]] = {}
         self._prefixes: dict[tuple[Any, ...], str | tuple[int, str]] = {}
+        self._aggregate_prefixes: dict[tuple[str, int], bytes] = {}
 
     # --- public ----------------------------------------------------------------------------------
 
@@ -338,6 +405,16 @@ class StreamEncoder:
         gpus = self._resolve_gpus(batch.gpus)
         gpu_lines = self._encode_gpu(batch, request, gpus, low, high, problems, out) if batch.gpu_samples else 0
         gpu_chunks = len(out)
+        refs: dict[int, telemetry_pb2.GpuRef] | None = None
+        if batch.gpu_aggregates:
+            refs = {ref.index: ref for ref in batch.gpus}
+            fast_aggregates = self._encode_gpu_aggregates_fast(batch.gpu_aggregates, gpus, refs, low, high)
+            if fast_aggregates is not None:
+                out.append(fast_aggregates[0])
+                gpu_lines += fast_aggregates[1] - 1  # the chunk itself is counted below
+            else:
+                for i, aggregate in enumerate(batch.gpu_aggregates):
+                    self._encode_gpu_aggregate(i, aggregate, gpus, refs, low, high, problems, out)
         for i, node in enumerate(batch.node_samples):
             self._encode_node(i, node, low, high, problems, out)
         for i, acoustic in enumerate(batch.acoustic_samples):
@@ -351,7 +428,8 @@ class StreamEncoder:
         for i, info in enumerate(batch.gpu_info):
             self._encode_gpu_info(i, info, batch.created_unix_ns, low, high, problems, out)
         if batch.gpu_events or batch.process_samples or batch.nvlink_samples or batch.mig_samples:
-            refs = {ref.index: ref for ref in batch.gpus}
+            if refs is None:
+                refs = {ref.index: ref for ref in batch.gpus}
             for i, gpu_event in enumerate(batch.gpu_events):
                 self._encode_gpu_event(i, gpu_event, gpus, refs, low, high, problems, out)
             for i, process in enumerate(batch.process_samples):
@@ -362,6 +440,7 @@ class StreamEncoder:
                 self._encode_mig(i, mig, gpus, refs, low, high, problems, out)
         count = (
             len(batch.gpu_samples)
+            + len(batch.gpu_aggregates)
             + len(batch.node_samples)
             + len(batch.acoustic_samples)
             + len(batch.trainer_samples)
@@ -629,6 +708,141 @@ class StreamEncoder:
             problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
             return
         out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())
+
+    # --- gpu aggregates: one point per GPU and interval, tagged `res` -----------------------------
+
+    def _encode_gpu_aggregate(
+        self,
+        i: int,
+        aggregate: telemetry_pb2.GpuAggregate,
+        gpus: Mapping[int, str | tuple[int, str]],
+        refs: Mapping[int, telemetry_pb2.GpuRef],
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
+    ) -> None:
+        index, time_ns = aggregate.gpu_index, aggregate.start_unix_ns
+        where = f"gpu_aggregates[{i}] (gpu {index}, start {time_ns})"
+        problem = aggregate_problem(aggregate)
+        if problem is not None:
+            problems.sample(MISSING_FIELD, f"{where}: {problem}")
+            return
+        res = resolution_tag(aggregate.interval_ms)
+        prefix = self._gpu_series(GPU, index, gpus, refs, {"res": res}, problems, where)
+        if prefix is None or not self._time_ok(time_ns, low, high, problems, where):
+            return
+        parts: list[str] = []
+        texts: list[str] = []  # the string fields, after every number (the fast path's order)
+        limit = self.limits.max_string_field_bytes
+        for role, suffix in AGGREGATE_ROLES:
+            if not aggregate.HasField(role):
+                continue
+            sample = getattr(aggregate, role)
+            parts.extend(_checked_fields(sample, GPU_SPECS, problems, where, suffix))
+            health = HEALTHS.get(int(sample.health))
+            if health is not None:
+                texts.append(f'health{suffix}="{health}"')
+            reason = _clean_text(sample.health_reason, limit)
+            if reason:
+                texts.append(f"health_reason{suffix}={reason}")
+        parts.extend(texts)
+        if not parts:
+            problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
+            return
+        out.append(f"{prefix}{','.join(parts)},samples={aggregate.sample_count}i {time_ns}\n".encode())
+
+    def _encode_gpu_aggregates_fast(
+        self,
+        aggregates: Sequence[telemetry_pb2.GpuAggregate],
+        gpus: Mapping[int, str | tuple[int, str]],
+        refs: Mapping[int, telemetry_pb2.GpuRef],
+        low: int,
+        high: int,
+    ) -> tuple[bytes, int] | None:
+        """The lines of aggregates that all can be written whole, and their count; None when one
+        cannot (then :meth:`_encode_gpu_aggregate` reports it, and nothing was reported here).
+
+        Each role's present fields come from one ``ListFields`` call (field number order, which is
+        GPU_SPECS' order), the numbers of the whole batch are formatted by one ``orjson.dumps``
+        and joined with cached ``key=`` pieces: the text of the exact path, at a fraction of the
+        cost of asking every field's presence (see the module docstring)."""
+        pieces: list[bytes] = []  # the ``key=`` piece before each number
+        values: list[Any] = []  # the numbers, in the same order
+        lines: list[tuple[bytes, int, int, bytes]] = []  # per line: prefix, its range in pieces, tail
+        ints: list[int] = []
+        keys = _AGGREGATE_KEYS
+        limit = self.limits.max_string_field_bytes
+        prefixes = self._aggregate_prefixes
+        for aggregate in aggregates:
+            interval_ms = aggregate.interval_ms
+            time_ns = aggregate.start_unix_ns
+            count = aggregate.sample_count
+            if not (0 < interval_ms <= MAX_AGGREGATE_INTERVAL_MS and count and low <= time_ns <= high):
+                return None
+            index = aggregate.gpu_index
+            series = gpus.get(index)
+            if not isinstance(series, str):
+                return None
+            prefix = prefixes.get((series, interval_ms))
+            if prefix is None:
+                prefix = self._aggregate_prefix(series, index, interval_ms, gpus, refs)
+            texts: list[bytes] = []
+            start = len(pieces)
+            after = 0  # what the next key follows: 0 nothing (no comma), 1 a float or bool, 2 an integer
+            for role, table in keys:
+                if not aggregate.HasField(role):
+                    continue
+                for fd, value in getattr(aggregate, role).ListFields():
+                    entry = table.get(fd)
+                    if entry is None:  # mean's time_unix_ns and gpu_index are not fields
+                        continue
+                    key, kind = entry
+                    if kind == _INT:
+                        pieces.append(key[after])
+                        values.append(value)
+                        ints.append(value)
+                        after = 2
+                    elif kind != _TEXT:
+                        pieces.append(key[after])
+                        values.append(value)
+                        after = 1
+                    elif fd.name == "health":
+                        health = HEALTHS.get(int(value))
+                        if health is not None:
+                            texts.append(b'%s"%s"' % (key[0], health.encode()))
+                    else:
+                        text = _clean_text(value, limit)
+                        if text:
+                            texts.append(key[0] + text.encode())
+            if not after and not texts:
+                return None  # no value: the exact path reports it
+            tail = b"i" if after == 2 else b""
+            if texts:
+                tail += (b"," if after else b"") + b",".join(texts)
+            lines.append((prefix, start, len(pieces), b"%s,samples=%di %d\n" % (tail, count, time_ns)))
+        if ints and max(ints) > INT64_MAX:
+            return None
+        joined = _join_rows(lines, pieces, values)
+        return None if joined is None else (joined, len(lines))
+
+    def _aggregate_prefix(
+        self,
+        series: str,
+        index: int,
+        interval_ms: int,
+        gpus: Mapping[int, str | tuple[int, str]],
+        refs: Mapping[int, telemetry_pb2.GpuRef],
+    ) -> bytes:
+        """The series prefix (bytes) of GPU ``index``'s aggregates over ``interval_ms``; cached by the
+        GPU's raw prefix, which stands for its tags."""
+        unused = Problems(seq=0)  # the GPU resolved to a prefix: no tag problem can arise
+        prefix = self._gpu_series(GPU, index, gpus, refs, {"res": resolution_tag(interval_ms)}, unused, "")
+        assert prefix is not None and not unused
+        if len(self._aggregate_prefixes) >= _CACHE_LIMIT:
+            self._aggregate_prefixes.clear()
+        encoded = self._aggregate_prefixes[(series, interval_ms)] = prefix.encode()
+        return encoded
 
     # --- the other measurements (low volume: the exact path only) --------------------------------
 

@@ -98,6 +98,7 @@ class SampleFactory:
         self._tdp_w, self._idle_w, self._clock_mhz, self._memory_bytes = tdp, idle, clock, memory
         self._energy_mj = [self._rng.randrange(10**9, 10**10) for _ in range(spec.gpus)]
         self._last_ns = 0
+        self._last_aggregate_ns = 0
 
     def gpu_sample(self, index: int, time_ns: int) -> telemetry_pb2.GpuSample:
         rng = self._rng
@@ -143,6 +144,86 @@ class SampleFactory:
             t += step
         self._last_ns = t - step + self.spec.gpus
         return batch
+
+    def aggregate_batch(
+        self, seconds: int = 1, *, samples_per_interval: int = 10, interval_ms: int = 1000, end_ns: int | None = None
+    ) -> telemetry_pb2.SampleBatch:
+        """``seconds * 1000 // interval_ms`` aggregates of every GPU (``GpuAggregate``, as the agent
+        sends outside probes), each over ``samples_per_interval`` readings, the last interval ending
+        at or before ``end_ns`` (default now) on a multiple of the interval; an interval already
+        sent by this factory is not sent again.
+
+        The agent's rules (proto/gpuprobe/v1/telemetry.proto): ``mean``, ``min``, ``max`` and
+        ``last`` of every per-tick field, integer means rounded; the counter (``energy_j``) and the
+        static ``mem_total_bytes`` as their last value in ``mean`` only; ``clock_event_reasons``
+        OR-ed in ``mean``, its last value in ``last``. When every interval up to ``end_ns`` was sent
+        already, the batch holds the next one (so a batch is never empty)."""
+        if interval_ms < 1 or samples_per_interval < 1 or seconds < 1:
+            raise ValueError("seconds, samples_per_interval and interval_ms must be at least 1")
+        step_ns = interval_ms * 1_000_000
+        end = (end_ns if end_ns is not None else time.time_ns()) // step_ns * step_ns
+        intervals = max(1, seconds * 1000 // interval_ms)
+        first = max(end - intervals * step_ns, self._last_aggregate_ns + step_ns)
+        batch = telemetry_pb2.SampleBatch(created_unix_ns=time.time_ns(), gpus=self.refs)
+        tick_ns = step_ns // samples_per_interval
+        start = first
+        while start < end or start == first:
+            for index in range(self.spec.gpus):
+                samples = [self.gpu_sample(index, start + k * tick_ns) for k in range(samples_per_interval)]
+                batch.gpu_aggregates.append(aggregate(samples, start, interval_ms, index))
+            self._last_aggregate_ns = start
+            start += step_ns
+        return batch
+
+
+# the counter and the static field: their last value, in `mean` only (as the agent's agent/resolution.py)
+_LAST_IN_MEAN = ("energy_j", "mem_total_bytes")
+_AGGREGATE_FIELDS = tuple(
+    fd.name
+    for fd in telemetry_pb2.GpuSample.DESCRIPTOR.fields
+    if fd.has_presence and fd.name not in (*_LAST_IN_MEAN, "clock_event_reasons") and fd.number <= 18
+)
+_INTEGER_FIELDS = frozenset(
+    fd.name for fd in telemetry_pb2.GpuSample.DESCRIPTOR.fields if fd.cpp_type != fd.CPPTYPE_DOUBLE
+)
+
+
+def aggregate(
+    samples: Sequence[telemetry_pb2.GpuSample], start_ns: int, interval_ms: int, index: int
+) -> telemetry_pb2.GpuAggregate:
+    """The ``GpuAggregate`` of one GPU's per-tick ``samples`` over one interval (see
+    :meth:`SampleFactory.aggregate_batch` for the rules)."""
+    mean, low, high, last = (telemetry_pb2.GpuSample() for _ in range(4))
+    for name in _AGGREGATE_FIELDS:
+        values = [getattr(s, name) for s in samples if s.HasField(name)]
+        if not values:
+            continue
+        average = sum(values) / len(values)
+        setattr(mean, name, round(average) if name in _INTEGER_FIELDS else average)
+        setattr(low, name, min(values))
+        setattr(high, name, max(values))
+        setattr(last, name, values[-1])
+    for name in _LAST_IN_MEAN:
+        values = [getattr(s, name) for s in samples if s.HasField(name)]
+        if values:
+            setattr(mean, name, values[-1])
+    reasons = [s.clock_event_reasons for s in samples if s.HasField("clock_event_reasons")]
+    if reasons:
+        combined = 0
+        for value in reasons:
+            combined |= value
+        mean.clock_event_reasons = combined
+        last.clock_event_reasons = reasons[-1]
+    return telemetry_pb2.GpuAggregate(
+        start_unix_ns=start_ns,
+        interval_ms=interval_ms,
+        gpu_index=index,
+        sample_count=len(samples),
+        mean=mean,
+        min=low,
+        max=high,
+        last=last,
+    )
 
 
 # What grpc.aio reports when a write fails because the stream ended under it: the client library

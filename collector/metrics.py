@@ -129,6 +129,25 @@ class Metrics:
             registry=r,
         )
         self.sink_up_gauge.set(1)
+        # --influx-route: one lane per destination (labelled by its URL and database)
+        self.destination_written_lines = Counter(
+            "gpuprobe_collector_destination_written_lines",
+            "Lines one destination (--influx-route, or default) accepted",
+            ["destination"],
+            registry=r,
+        )
+        self.destination_retries = Counter(
+            "gpuprobe_collector_destination_retries",
+            "Write requests to one destination that will be sent again, by outcome",
+            ["destination", "outcome"],
+            registry=r,
+        )
+        self.destination_up_gauge = Gauge(
+            "gpuprobe_collector_destination_up",
+            "1 while one destination (--influx-route, or default) accepts writes",
+            ["destination"],
+            registry=r,
+        )
         self._server: Any = None
 
     # --- hooks -------------------------------------------------------------------------------------
@@ -168,6 +187,15 @@ class Metrics:
 
     def sink_up(self, up: bool) -> None:
         self.sink_up_gauge.set(1 if up else 0)
+
+    def destination_written(self, destination: str, lines: int) -> None:
+        self.destination_written_lines.labels(destination).inc(lines)
+
+    def destination_retry(self, destination: str, outcome: str) -> None:
+        self.destination_retries.labels(destination, outcome).inc()
+
+    def destination_up(self, destination: str, up: bool) -> None:
+        self.destination_up_gauge.labels(destination).set(1 if up else 0)
 
     # --- exposition --------------------------------------------------------------------------------
 

@@ -265,10 +265,11 @@ class TelemetryService:
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"the collector's WAL is full ({self.wal.depth_bytes} bytes queued for InfluxDB); retry later",
                     )
-                encoded = self._encoder(identity).encode(batch, time.time_ns())
+                # the request's bytes spare the encoder serializing the batch again (finding health samples)
+                encoded = self._encoder(identity).encode(batch, time.time_ns(), raw)
                 self._count(encoded.sample_count, encoded.line_count, encoded.problems)
                 stored = self.wal.append(identity.agent_id, spool_id, batch.seq, encoded.lines, encoded.line_count)
-                future = asyncio.ensure_future(self._written(stored) if self.ack_after_sink else stored)
+                future = asyncio.ensure_future(self._written(stored)) if self.ack_after_sink else stored
                 # the stream may end before the commit does: its outcome is then nobody's business
                 future.add_done_callback(_ignore_outcome)
                 queue.put_nowait(_Pending(batch.seq, future, encoded.problems.rejections()))

@@ -134,6 +134,22 @@ def clean_string_field(value: str, max_bytes: int) -> str:
     return value
 
 
+#: Longest interval of a ``GpuAggregate``, in ms (one hour).
+MAX_AGGREGATE_INTERVAL_MS = 3_600_000
+
+
+def aggregate_problem(aggregate: telemetry_pb2.GpuAggregate) -> str | None:
+    """Why a ``GpuAggregate`` cannot be stored at all (refused with ``MISSING_FIELD``), or None.
+
+    The checks it shares with raw samples (the GPU index, the timestamp window, the values) are the
+    encoder's, made the same way for both."""
+    if not 0 < aggregate.interval_ms <= MAX_AGGREGATE_INTERVAL_MS:
+        return f"interval_ms {aggregate.interval_ms} is not between 1 and {MAX_AGGREGATE_INTERVAL_MS} (1 h)"
+    if aggregate.sample_count < 1:
+        return "sample_count is 0 (an aggregate covers at least one sample)"
+    return None
+
+
 def sensor_name_problem(name: str) -> str | None:
     """Why an hwmon sensor name cannot become the field key ``hwmon_<name>_c``, or None."""
     if _SENSOR_NAME.fullmatch(name) is None:

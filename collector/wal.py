@@ -21,9 +21,11 @@ WAL, ``synchronous=FULL``, ``auto_vacuum=INCREMENTAL``), next to an exclusive ``
 
 Invariants
 ----------
-1. :meth:`WriteAheadLog.append` returns only after the transaction holding the batch's ``pending``
-   row *and* its ``agents`` update has been committed and fsynced; only then does the server ack
-   the batch. Batches arriving together are committed in one transaction (group commit).
+1. The future :meth:`WriteAheadLog.append` returns resolves only after the transaction holding the
+   batch's ``pending`` row *and* its ``agents`` update has been committed and fsynced; only then does
+   the server ack the batch. Batches arriving together are committed in one transaction (group
+   commit): the writer takes everything queued since its last commit, and the batches of one turn
+   of the event loop reach it as one queue item.
    Transactions that only delete delivered rows are committed without waiting for fsync: losing one
    in a power cut means sending those rows again, which is idempotent.
 2. ``agents.durable_seq`` only grows while ``spool_id`` stays the same; a new ``spool_id`` starts the
@@ -195,7 +197,9 @@ class WriteAheadLog:
         self.quarantined_lines = 0
         self._reader_lock = threading.Lock()
         self._synchronous = "FULL"
-        self._ops: queue.Queue[_Op | None] = queue.Queue()
+        # None: stop. A SimpleQueue: its put is one C call, where Queue.put runs a Condition in Python
+        self._ops: queue.SimpleQueue[list[_Op] | None] = queue.SimpleQueue()
+        self._handover: list[_Op] | None = None  # submitted in this turn of the event loop
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -221,6 +225,7 @@ class WriteAheadLog:
         """Stops the writer after what is queued, closes both connections and releases the lock."""
         if self._thread is not None:
             self._closing.set()  # cuts a retry pause short
+            self._hand_over()
             self._ops.put(None)
             self._thread.join()
             self._thread = None
@@ -265,11 +270,12 @@ class WriteAheadLog:
         known = self._agents.get(agent_id)
         return known[1] if known is not None and known[0] == spool_id else 0
 
-    async def append(self, agent_id: str, spool_id: str, seq: int, lines: bytes, line_count: int) -> int | None:
-        """Stores one batch; returns once it is committed and fsynced (raises :class:`WalError`), with
-        the id of its ``pending`` row (None for a batch without lines, which gets no row)."""
-        result: int | None = await self._submit("append", (agent_id, spool_id, seq, lines, line_count), len(lines))
-        return result
+    def append(self, agent_id: str, spool_id: str, seq: int, lines: bytes, line_count: int) -> asyncio.Future[Any]:
+        """Stores one batch (call it in the event loop). The future it returns resolves once the batch
+        is committed and fsynced, to the id of its ``pending`` row (None for a batch without lines,
+        which gets no row), or holds a :class:`WalError`. A future, not a coroutine: the server waits
+        for it without a Task per batch."""
+        return self._submit("append", (agent_id, spool_id, seq, lines, line_count), len(lines))
 
     def pending_summary(self, through_id: int | None = None) -> tuple[int, int, int]:
         """``(rows, lines, compressed bytes)`` pending, all of them or those with ``id <= through_id``."""
@@ -323,33 +329,50 @@ class WriteAheadLog:
 
     # --- the writer thread ----------------------------------------------------------------------
 
-    async def _submit(self, kind: str, args: Any, nbytes: int) -> Any:
+    def _submit(self, kind: str, args: Any, nbytes: int) -> asyncio.Future[Any]:
+        """Queues one operation for the writer thread; its future resolves in the event loop.
+
+        The operations submitted in one turn of the event loop reach the writer together, as one
+        queue item (one wake-up of the writer thread instead of one per batch)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         if self.fatal is not None:
-            raise self.fatal
-        if self._thread is None:
-            raise WalError("the WAL is not started")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._ops.put(_Op(kind, args, future, nbytes))
-        return await future
+            future.set_exception(self.fatal)
+        elif self._thread is None:
+            future.set_exception(WalError("the WAL is not started"))
+        else:
+            op = _Op(kind, args, future, nbytes)
+            handover = self._handover
+            if handover is None:
+                self._handover = [op]
+                loop.call_soon(self._hand_over)
+            else:
+                handover.append(op)
+        return future
+
+    def _hand_over(self) -> None:
+        ops, self._handover = self._handover, None
+        if ops:
+            self._ops.put(ops)
 
     def _write_loop(self) -> None:
         while True:
             first = self._ops.get()
             if first is None:
                 return
-            group = [first]
-            size = first.nbytes
+            group = list(first)
+            size = sum(op.nbytes for op in first)
             stop = False
             while len(group) < _MAX_GROUP_OPS and size < _MAX_GROUP_BYTES:
                 try:
-                    op = self._ops.get_nowait()
+                    ops = self._ops.get_nowait()
                 except queue.Empty:
                     break
-                if op is None:
+                if ops is None:
                     stop = True
                     break
-                group.append(op)
-                size += op.nbytes
+                group.extend(ops)
+                size += sum(op.nbytes for op in ops)
             if not self._commit_until_done(group) or stop:
                 return
 
@@ -395,12 +418,12 @@ class WriteAheadLog:
         """Moves what was queued meanwhile into ``group``; True when close() asked the writer to stop."""
         while True:
             try:
-                op = self._ops.get_nowait()
+                ops = self._ops.get_nowait()
             except queue.Empty:
                 return False
-            if op is None:
+            if ops is None:
                 return True
-            group.append(op)
+            group.extend(ops)
 
     def _failed_commit(self, error: BaseException) -> WalFailure:
         """Records a failed commit (logging the first of a kind, then once a minute)."""
@@ -447,8 +470,8 @@ class WriteAheadLog:
     def _fail_for_good(self, group: list[_Op]) -> None:
         assert self.fatal is not None
         self._take_queued(group)
+        self._state_changed()  # first: whoever learns of the failure from a batch sees the state too
         self._resolve_soon(group, self.fatal, False)
-        self._state_changed()
 
     def _state_changed(self) -> None:
         callback = self.on_state_change

@@ -73,7 +73,7 @@ def test_example_lines_are_accepted_by_real_influxdb(influxdb: InfluxDBDatabase)
     examples = EXAMPLE.findall(SCHEMA)
     assert len(examples) >= 14
     influxdb.write_lines(examples)
-    (series,) = influxdb.query("SELECT count(power_w) FROM gpu")
+    (series,) = influxdb.query("SELECT count(power_w) FROM gpu WHERE res = ''")  # raw, not the aggregate
     assert series.values[0][1] == 2
     (series,) = influxdb.query("SELECT count(ecc_corrected_volatile) FROM gpu")
     assert series.values[0][1] == 1

@@ -161,3 +161,35 @@ def test_a_wal_that_cannot_be_reopened_fails_for_good_and_says_so(tmp_path: Path
         wal.close()
 
     run(scenario())
+
+
+def test_batches_appended_in_one_turn_of_the_event_loop_are_committed_together(tmp_path: Path) -> None:
+    """Group commit: what the streams hand over in one turn reaches the writer as one item, so it
+    costs one wake-up of the writer thread and one fsync, not one per batch."""
+
+    async def scenario() -> list[float]:
+        wal = WriteAheadLog(tmp_path / "w.sqlite")
+        commits: list[float] = []
+        wal.on_commit_seconds = commits.append
+        wal.start()
+        futures = [wal.append(f"agent-{i}", "s", 1, b"m v=1 1\n", 1) for i in range(50)]
+        assert all(isinstance(f, asyncio.Future) and not f.done() for f in futures)  # no Task per batch
+        row_ids = await asyncio.gather(*futures)
+        assert sorted(row_ids) == list(range(1, 51)) and wal.depth_rows == 50
+        wal.close()
+        return commits
+
+    assert len(run(scenario())) == 1
+
+
+def test_a_batch_appended_while_closing_is_committed_before_the_writer_stops(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        wal = WriteAheadLog(tmp_path / "w.sqlite")
+        wal.start()
+        held = wal.append("a", "s", 1, b"m v=1 1\n", 1)
+        wal.close()  # in the same turn: the batch was not handed to the writer yet
+        assert held.done() or await asyncio.wait_for(held, 10) is not None
+        assert (await held) == 1
+
+    run(scenario())
+    assert WriteAheadLog(tmp_path / "w.sqlite").durable_seq("a", "s") == 1
