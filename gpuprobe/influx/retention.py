@@ -95,6 +95,12 @@ def _coarser(fields: tuple[tuple[str, str, str], ...]) -> tuple[tuple[str, str, 
 
 
 GPU_1M = _coarser(GPU_10S)
+#: the 10 s rollup of the agent's aggregate points (``res`` tag, docs/schema.md): they carry their own
+#: ``_min``/``_max`` fields and ``samples``, so each is combined as the 1 min rollup combines 10 s ones
+#: (the min of the minima, the sum of the counts), never the min of the means
+GPU_10S_FROM_AGGREGATES = GPU_1M
+RAW_ONLY = "\"res\" = ''"
+AGGREGATES_ONLY = "\"res\" != ''"
 NODE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("cpu_pct", "mean", "cpu_pct"),
     ("load1", "mean", "load1"),
@@ -145,7 +151,7 @@ class RetentionPlan:
 @dataclass(frozen=True)
 class ContinuousQuery:
     name: str
-    select: str  # SELECT ... INTO ... FROM ... (no WHERE) GROUP BY time(...), * fill(none)
+    select: str  # SELECT ... INTO ... FROM ... [WHERE condition] GROUP BY time(...), * fill(none)
     every: str
     resample_for: str
 
@@ -158,7 +164,9 @@ class ContinuousQuery:
     def over(self, start_ns: int, end_ns: int) -> str:
         """The query's SELECT INTO for ``start_ns <= time < end_ns``: what the CQ computes for those windows."""
         head, sep, tail = self.select.partition(" GROUP BY ")
-        return f"{head} WHERE time >= {start_ns} AND time < {end_ns}{sep}{tail}"
+        head, where, condition = head.partition(" WHERE ")
+        window = f"time >= {start_ns} AND time < {end_ns}"
+        return f"{head} WHERE {condition + ' AND ' if where else ''}{window}{sep}{tail}"
 
 
 def _select(fields: tuple[tuple[str, str, str], ...], regex: str = "") -> str:
@@ -174,15 +182,27 @@ def continuous_queries(plan: RetentionPlan) -> list[ContinuousQuery]:
     def path(rp: str, measurement: str) -> str:
         return f"{db}.{quote_identifier(rp)}.{quote_identifier(measurement)}"
 
-    def cq(name: str, fields: str, into_rp: str, from_rp: str, measurement: str, window: str) -> ContinuousQuery:
+    def cq(
+        name: str, fields: str, into_rp: str, from_rp: str, measurement: str, window: str, where: str = ""
+    ) -> ContinuousQuery:
         select = (
             f"SELECT {fields} INTO {path(into_rp, measurement)} FROM {path(from_rp, measurement)} "
-            f"GROUP BY time({window}), * fill(none)"
+            f"{'WHERE ' + where + ' ' if where else ''}GROUP BY time({window}), * fill(none)"
         )
         return ContinuousQuery(name, select, window, RESAMPLE_FOR[into_rp])
 
     return [
-        cq("gpu_rollup_10s", _select(GPU_10S), ROLLUP_10S, plan.raw_rp, "gpu", "10s"),
+        # raw 10 Hz points and the agent's aggregates (res tag) each into their own rollup series
+        cq("gpu_rollup_10s", _select(GPU_10S), ROLLUP_10S, plan.raw_rp, "gpu", "10s", RAW_ONLY),
+        cq(
+            "gpu_aggregates_rollup_10s",
+            _select(GPU_10S_FROM_AGGREGATES),
+            ROLLUP_10S,
+            plan.raw_rp,
+            "gpu",
+            "10s",
+            AGGREGATES_ONLY,
+        ),
         cq("gpu_rollup_1m", _select(GPU_1M), ROLLUP_1M, ROLLUP_10S, "gpu", "1m"),
         cq("node_rollup_10s", _select(NODE_FIELDS, NODE_REGEX), ROLLUP_10S, plan.raw_rp, "node", "10s"),
         cq("node_rollup_1m", _select(NODE_FIELDS, NODE_REGEX), ROLLUP_1M, plan.raw_rp, "node", "1m"),

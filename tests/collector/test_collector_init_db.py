@@ -90,7 +90,13 @@ def test_init_db_creates_policies_and_queries_and_is_safe_to_run_again(influxdb:
         if s.name == influxdb.name
         for row in s.values
     }
-    assert cqs == {"gpu_rollup_10s", "gpu_rollup_1m", "node_rollup_10s", "node_rollup_1m"}
+    assert cqs == {
+        "gpu_rollup_10s",
+        "gpu_aggregates_rollup_10s",
+        "gpu_rollup_1m",
+        "node_rollup_10s",
+        "node_rollup_1m",
+    }
 
     again = gpuprobe(*base)
     assert again.returncode == 0, again.stderr
@@ -193,6 +199,56 @@ def test_backfill_computes_the_rollups_the_schema_documents(influxdb: InfluxDBDa
                 assert types.pop("mean_hwmon_coretemp_package_id_0_c") == documented["node.mean_hwmon_<sensor>_c"]
             documented_here = {f: documented[f"{measurement}.{f}"] for f, _, _ in fields}
             assert types == documented_here, (measurement, rp)
+
+
+def aggregate_line(gpu: int, start_ns: int, i: int) -> str:
+    """One 1 s aggregate point as the collector stores the agent's GpuAggregate (docs/schema.md)."""
+    mean = 100.0 + i % 50
+    return (
+        f"gpu,{IDENTITY},gpu={gpu},model=H100,res=1s,uuid=GPU-{gpu} power_w={mean},power_w_min={mean - 20 - i % 3},"
+        f"power_w_max={mean + 30 + i % 5},power_w_last={mean + 1},temp_c={50.0 + i % 7},temp_c_min={45.0 + i % 7},"
+        f"temp_c_max={58.0 + i % 11},energy_j={1000.0 + 100 * i},clock_event_reasons={64 if i % 4 == 0 else 0}i,"
+        f"samples=10i {start_ns}"
+    )
+
+
+def test_rollups_of_aggregate_points_combine_their_extremes_and_counts(
+    influxdb: InfluxDBDatabase, client: InfluxClient
+) -> None:
+    """The agent's 1 s aggregates (``res`` tag) roll up by their own ``_min``/``_max``/``samples`` fields:
+    a 10 s window's minimum is the lowest 1 s minimum (not the lowest mean), its count the sum of the
+    counts; raw points beside them in the same window roll up as before, into their own series."""
+    plan = RetentionPlan(database=influxdb.name, raw_s=None)
+    init_db(client, plan)
+    start = (time.time_ns() // (60 * NS) - 5) * 60 * NS
+    lines = [aggregate_line(1, start + i * NS, i) for i in range(120)]
+    lines += [gpu_line(0, start + i * NS // 10, i) for i in range(1200)]
+    influxdb.write_lines(lines)
+    backfill(client, plan, start, start + 2 * 60 * NS)
+
+    ten = influxdb.query(f'SELECT * FROM "{ROLLUP_10S}"."gpu" WHERE "res" = \'1s\' ORDER BY time')[0].rows()
+    assert len(ten) == 12 and all(row["gpu"] == "1" for row in ten)
+    window = influxdb.query(
+        'SELECT mean("power_w") AS mean, min("power_w_min") AS p_min, max("power_w_max") AS p_max, '
+        'min("temp_c_min") AS t_min, max("temp_c_max") AS t_max, sum("samples") AS n, last("energy_j") AS e, '
+        f'min("power_w") AS lowest_mean FROM "gpu" WHERE "res" = \'1s\' '
+        f"AND time >= {start} AND time < {start + 10 * NS}"
+    )[0].rows()[0]
+    assert ten[0]["power_w"] == pytest.approx(window["mean"])
+    assert ten[0]["power_w_min"] == window["p_min"] < window["lowest_mean"]  # the 1 s minima, not the means
+    assert ten[0]["power_w_max"] == window["p_max"] and ten[0]["temp_c_max"] == window["t_max"]
+    assert ten[0]["temp_c_min"] == window["t_min"] and ten[0]["energy_j"] == window["e"]
+    assert ten[0]["samples"] == window["n"] == 100
+    assert ten[0]["clock_event_reasons"] == 64
+
+    raw = influxdb.query(f'SELECT * FROM "{ROLLUP_10S}"."gpu" WHERE "gpu" = \'0\' ORDER BY time')[0].rows()
+    assert len(raw) == 12 and raw[0]["samples"] == 100 and not raw[0].get("res")
+    minute = influxdb.query(f'SELECT * FROM "{ROLLUP_1M}"."gpu" WHERE "res" = \'1s\' ORDER BY time')[0].rows()
+    assert [row["samples"] for row in minute] == [600, 600]
+    raw_minute = influxdb.query(
+        f'SELECT min("power_w_min") FROM "gpu" WHERE "res" = \'1s\' AND time >= {start} AND time < {start + 60 * NS}'
+    )[0].rows()[0]
+    assert minute[0]["power_w_min"] == raw_minute["min"]
 
 
 @pytest.mark.slow
