@@ -114,23 +114,28 @@ class HealthTracker:
             s = self._states[index] = _State()
         return s
 
-    def _publish(self, now_mono: float) -> bool:
-        """Replaces ``health`` where a verdict changed; True if it did (called with the lock held)."""
-        new = {i: verdict(s, now_mono) for i, s in sorted(self._states.items())}
+    def _publish(self, now_mono: float, index: int) -> bool:
+        """Replaces ``health`` if GPU ``index``'s verdict changed; True if it did (called with the lock held).
+
+        Only that GPU's verdict is worked out: the others' change with their own events and reads (a
+        verdict that changes with time alone, such as the end of the NVLink window, at the GPU's next
+        health read), and 8 verdicts per read had been most of the tracker's cost."""
         old = self.health
-        if new != old:
-            for i, (level, reason) in new.items():
-                if old.get(i) != (level, reason):
-                    log.log(
-                        logging.INFO if level == HEALTHY else logging.WARNING,
-                        "GPU %d health: %s%s",
-                        i,
-                        NAMES.get(level, str(level)),
-                        f" ({reason})" if reason else "",
-                    )
-            self.health = new  # replaced, never mutated: readers in other threads see old or new
-            return True
-        return False
+        mine = verdict(self._states[index], now_mono)
+        if old.get(index) == mine:
+            return False
+        level, reason = mine
+        log.log(
+            logging.INFO if level == HEALTHY else logging.WARNING,
+            "GPU %d health: %s%s",
+            index,
+            NAMES.get(level, str(level)),
+            f" ({reason})" if reason else "",
+        )
+        new = dict(old)
+        new[index] = mine
+        self.health = dict(sorted(new.items()))  # replaced, never mutated: readers in other threads see old or new
+        return True
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -153,7 +158,7 @@ class HealthTracker:
                 s.lost = False
                 s.reset()  # it answers again: reset (or re-attached)
                 s.ecc_volatile_total = None
-            changed = self._publish(now)
+            changed = self._publish(now, event.gpu_index)
         if changed:
             self._changed()
 
@@ -187,7 +192,7 @@ class HealthTracker:
                     s.thermal_since_mono = now
             else:
                 s.thermal_since_mono = None
-            changed = self._publish(now)
+            changed = self._publish(now, index)
             result = self.health.get(index, (HEALTHY, ""))
         if changed:
             self._changed()

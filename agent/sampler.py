@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 SLOW_INTERVAL_S = 1.0  # host and acoustics
 NVLINK_LINK_INTERVAL_S = 60.0  # a link's point when its error counters did not move
-NVLINK_ERROR_KEYS = ("crc_flit_errors", "crc_data_errors", "replay_errors", "recovery_errors")
+NVLINK_LINK_INTERVAL_NS = int(NVLINK_LINK_INTERVAL_S * 1e9)
 
 
 class Sampler:
@@ -184,15 +184,11 @@ class Sampler:
         if extras is None:
             return  # lost during the reads: the sample goes out as it was read
         t_ns = sample["time_unix_ns"]
-        nvlinks: list[telemetry_pb2.NvLinkSample] = []
-        nvlink_errors: int | None = None
-        for r in extras.nvlinks:
-            errors = tuple(r.values.get(key) for key in NVLINK_ERROR_KEYS)
-            for count in errors[:3]:  # CRC flit, CRC data, replay: what the health rule watches
-                if count is not None:
-                    nvlink_errors = (nvlink_errors or 0) + count
-            if self._nvlink_due(index, r.values["link"], errors, t_ns):
-                nvlinks.append(telemetry_pb2.NvLinkSample(**r.values))
+        nvlinks = [
+            telemetry_pb2.NvLinkSample(**r.values)
+            for r in extras.nvlinks
+            if self._nvlink_due(index, r.link, r.errors, t_ns)
+        ]
         migs = [telemetry_pb2.MigSample(**r.values) for r in extras.migs]
         procs = gpus.read_processes(index)
         utilization = gpus.read_process_utilization(index) if procs else {}
@@ -201,7 +197,8 @@ class Sampler:
         self._batcher.add_mig(migs)
         self._batcher.add_processes(points)
         self._taken += len(nvlinks) + len(migs) + len(points)
-        health, reason = self.health_tracker.observe(index, sample, nvlink_errors)
+        # CRC flit, CRC data and replay errors of the active links: what the health rule watches
+        health, reason = self.health_tracker.observe(index, sample, extras.nvlink_errors)
         sample["health"] = health
         sample["health_reason"] = reason
 
@@ -211,7 +208,8 @@ class Sampler:
         than twice the GPU's own points, for counters that almost never move (the GPU's totals of the
         throughput travel in its ``gpu`` points every health interval)."""
         last = self._nvlink_sent.get((index, link))
-        if last is not None and last[1] == errors and t_ns - last[0] < NVLINK_LINK_INTERVAL_S * 1e9:
+        # the sensor hands the same tuple while a link's counters stand still: `is` settles most calls
+        if last is not None and (last[1] is errors or last[1] == errors) and t_ns - last[0] < NVLINK_LINK_INTERVAL_NS:
             return False
         self._nvlink_sent[(index, link)] = (t_ns, errors)
         return True

@@ -24,6 +24,10 @@ agent's GPU-samples are counted at the receiver (samples stamped inside the wind
 completed polls in the window times the GPU count. Usage::
 
     python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--rate-hz 10] [--warmup 5] [--health-interval 1]
+                                   [--resolution auto|full] [--per-thread]
+
+With ``--resolution auto`` the agent ships aggregates: each counts the samples it holds. ``--per-thread``
+adds the agent's CPU per thread (by OS thread name) to the table and the JSON.
 """
 
 from __future__ import annotations
@@ -52,6 +56,25 @@ from gpuprobe.v1 import telemetry_pb2
 
 REPO = Path(__file__).resolve().parent.parent
 RECEIVER = REPO / "tests" / "agent" / "receiver.py"
+
+# With --per-thread the agent runs under this wrapper: each Python thread gives its name to its OS thread
+# (prctl PR_SET_NAME, 15 bytes), so /proc/PID/task/TID/stat says which thread spent the CPU. Python 3.11
+# does not name OS threads itself; the cost is one prctl per thread start.
+NAMED_THREADS = """
+import ctypes, sys, threading
+_libc = ctypes.CDLL(None, use_errno=True)
+def _name_os_thread(name):
+    _libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+_inner = threading.Thread._bootstrap_inner
+def _named(self):
+    _name_os_thread(self.name)
+    _inner(self)
+threading.Thread._bootstrap_inner = _named
+_name_os_thread("main")
+from gpuprobe.cli import main
+sys.argv[0] = "gpuprobe"
+sys.exit(main())
+"""
 
 # A peer polls at the rate on a drift-free schedule (back to back when a poll takes longer than the
 # period) for DURATION seconds and prints the wall time of every completed poll.
@@ -111,6 +134,22 @@ class Measured:
     rss_bytes: list[int] = field(default_factory=list)
     peak_rss_bytes: int = 0
     gpu_samples: int = 0
+    thread_cpu_start_s: dict[str, float] = field(default_factory=dict)
+    thread_cpu_end_s: dict[str, float] = field(default_factory=dict)
+
+    def thread_cpu_s(self) -> dict[str, float]:
+        """CPU time (utime + stime) per OS thread name, threads of one name summed (gRPC's pollers)."""
+        tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue  # the thread ended
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * tick_s
+        return out
 
     def cpu_s(self) -> float:
         times = psutil.Process(self.proc.pid).cpu_times()
@@ -128,13 +167,18 @@ class Measured:
 def received_gpu_samples(path: Path, t0_ns: int, t1_ns: int) -> int:
     data = path.read_bytes() if path.exists() else b""
     seen: set[tuple[int, int]] = set()
+    aggregated: dict[tuple[int, int], int] = {}
     i = 0
     while i + 4 <= len(data):
         (n,) = struct.unpack(">I", data[i : i + 4])
         batch = telemetry_pb2.StreamRequest.FromString(data[i + 4 : i + 4 + n]).batch
         seen.update((s.gpu_index, s.time_unix_ns) for s in batch.gpu_samples if t0_ns <= s.time_unix_ns < t1_ns)
+        # with --resolution auto the samples arrive as aggregates: each counts the samples it holds
+        for a in getattr(batch, "gpu_aggregates", ()):
+            if t0_ns <= a.start_unix_ns < t1_ns:
+                aggregated[(a.gpu_index, a.start_unix_ns)] = a.sample_count
         i += 4 + n
-    return len(seen)
+    return len(seen) + sum(aggregated.values())
 
 
 def main() -> int:
@@ -146,6 +190,14 @@ def main() -> int:
     parser.add_argument("--profile", default="H100-SXM5-80GB")
     parser.add_argument(
         "--health-interval", type=float, default=1.0, help="the agent's --health-interval (s; 0: no health reads)"
+    )
+    parser.add_argument(
+        "--resolution", choices=("auto", "full"), help="the agent's --resolution (default: the agent's default)"
+    )
+    parser.add_argument(
+        "--per-thread",
+        action="store_true",
+        help="also give the agent's CPU per thread (the agent runs under a wrapper that names its OS threads)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
@@ -182,13 +234,15 @@ def start_processes(
 ) -> list[Measured]:
     """The agent (streaming to the receiver on ``port``) and the peers, all reading the same GPUs."""
     gpuprobe = Path(sys.executable).parent / "gpuprobe"
+    command = [sys.executable, "-c", NAMED_THREADS] if args.per_thread else [str(gpuprobe)]
+    resolution = ["--resolution", args.resolution] if args.resolution else []
     agent_log = open(out / "agent.log", "wb")  # noqa: SIM115 - owned by the process
     procs = [
         Measured(
             "gpuprobe agent",
             subprocess.Popen(
                 [
-                    str(gpuprobe),
+                    *command,
                     "--log-level",
                     "warning",
                     "agent",
@@ -200,6 +254,7 @@ def start_processes(
                     str(1 / args.rate_hz),
                     "--health-interval",  # 1 s (the default): the health reads are part of the figure
                     f"{args.health_interval:g}",
+                    *resolution,
                 ],
                 env=env,
                 stdout=agent_log,
@@ -231,6 +286,8 @@ def measure(procs: list[Measured], args: argparse.Namespace, received: Path, tot
     t0_ns = time.time_ns()
     for p in procs:
         p.cpu_start_s = p.cpu_s()
+    if args.per_thread:
+        procs[0].thread_cpu_start_s = procs[0].thread_cpu_s()
     window_end = time.monotonic() + args.seconds
     while time.monotonic() < window_end:
         for p in procs:
@@ -239,6 +296,8 @@ def measure(procs: list[Measured], args: argparse.Namespace, received: Path, tot
     for p in procs:
         p.cpu_end_s = p.cpu_s()
         p.read_peak()
+    if args.per_thread:
+        procs[0].thread_cpu_end_s = procs[0].thread_cpu_s()
     t1_ns = time.time_ns()
     agent = procs[0]
     agent.proc.terminate()
@@ -291,6 +350,13 @@ def report(procs: list[Measured], args: argparse.Namespace, window_s: float) -> 
         "targets (docs/architecture.md): agent < 0.5 % of one core and < 64 MiB RSS;"
         " peers' CPU per GPU-sample >= 5x the agent's"
     )
+    agent = procs[0]
+    if agent.thread_cpu_end_s:
+        threads = {name: end - agent.thread_cpu_start_s.get(name, 0.0) for name, end in agent.thread_cpu_end_s.items()}
+        agent_row["threads_core_pct"] = {name: 100 * cpu / window_s for name, cpu in threads.items()}
+        print("agent per thread (% of one core; /proc tick resolution, 10 ms):")
+        for name, pct in sorted(agent_row["threads_core_pct"].items(), key=lambda kv: -kv[1]):
+            print(f"  {name:<16} {pct:>6.3f}")
     return rows
 
 

@@ -32,8 +32,9 @@ pcie_rx_bytes_per_s    slower schedule (:meth:`GpuSensor.read_pcie`)
 =====================  ===================================================  ==========================
 
 The slow reads of the health interval (:meth:`GpuSensor.read_health`, once per ``--health-interval``
-per GPU, spread over the ticks like PCIe) use pynvml's ordinary wrappers; their keys are added to the
-same sample:
+per GPU, spread over the ticks like PCIe) call the C functions with buffers prepared once where the
+call has a fixed shape (ECC, remapped rows, PCIe replays, violation time, GPM, NVLink), pynvml's
+wrappers elsewhere; their keys are added to the same sample:
 
 =====================================  ===========================================  ====================
 sample key                             NVML source                                  unit conversion
@@ -57,7 +58,9 @@ fp16/fp32/fp64_active_pct              SM_OCCUPANCY, ANY_TENSOR_UTIL, DRAM_BW_UT
 nvlink_tx/rx_bytes_per_s               fields 138/139 NVLINK_THROUGHPUT_DATA_TX/RX  KiB delta * 1024 / s
                                        per active link, summed (per link:
                                        ``NvLinkSample`` with the error counters of
-                                       nvmlDeviceGetNvLinkErrorCounter)
+                                       nvmlDeviceGetNvLinkErrorCounter, read again
+                                       only when the fields 38/45/52/59 (their
+                                       totals, same call) moved, or after 60 s)
 =====================================  ===========================================  ====================
 
 MIG GPU instances (:class:`MigRead`, MIG-enabled GPUs only), the compute processes
@@ -86,6 +89,8 @@ import contextlib
 import ctypes
 import functools
 import logging
+import struct
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,6 +126,12 @@ NVLINK_ERROR_COUNTERS = (  # NvLinkSample key, nvmlNvLinkErrorCounter_t
     ("crc_flit_errors", 2),
     ("crc_data_errors", 3),
 )
+# The same counters summed over the links (NVLINK_REPLAY / RECOVERY / CRC_FLIT / CRC_DATA_ERROR_COUNT_TOTAL),
+# read with the throughput fields in one call: while they stand still, no link's counters moved, so the
+# per-link counters (4 calls per link, 72 on an H100) are not read again, at most NVLINK_ERRORS_REREAD_S old.
+FIELD_NVLINK_ERROR_TOTALS = (52, 59, 38, 45)
+NVLINK_ERRORS_REREAD_S = 60.0
+NVLINK_HEALTH_COUNTERS = frozenset({"crc_flit_errors", "crc_data_errors", "replay_errors"})  # the health rule's
 
 GPM_METRICS = (  # GpuSample key, nvmlGpmMetricId_t
     ("sm_active_pct", 2),  # SM_UTIL
@@ -162,6 +173,54 @@ def _error_name(code: int) -> str:
         return str(pynvml.NVMLError(code))
     except Exception:  # pragma: no cover - pynvml formats every code it knows
         return f"NVML error {code}"
+
+
+@functools.cache
+def _plain(cls: type) -> Any:
+    """A plain ctypes copy of one of pynvml's structures: the same memory layout, without the Python-level
+    ``__getattribute__`` that pynvml gives its structures (to decode bytes), which every field read pays
+    (17 per GPU and tick on the hot path)."""
+    base = ctypes.Union if issubclass(cls, ctypes.Union) else ctypes.Structure
+    namespace: dict[str, Any] = {"_fields_": cls._fields_}  # type: ignore[attr-defined]
+    if hasattr(cls, "_pack_"):
+        namespace["_pack_"] = cls._pack_
+    plain = type(f"Plain{cls.__name__}", (base,), namespace)
+    assert ctypes.sizeof(plain) == ctypes.sizeof(cls)
+    return plain
+
+
+@functools.cache
+def _gpm_request_type() -> Any:
+    """``nvmlGpmMetricsGet_t`` with plain metrics (see :func:`_plain`)."""
+    metric = _plain(pynvml.c_nvmlGpmMetric_t)
+    fields = [
+        (name, metric * pynvml.NVML_GPM_METRIC_MAX if name == "metrics" else kind)
+        for name, kind in pynvml.c_nvmlGpmMetricsGet_t._fields_
+    ]
+    plain = type("PlainGpmMetricsGet", (ctypes.Structure,), {"_fields_": fields})
+    assert ctypes.sizeof(plain) == ctypes.sizeof(pynvml.c_nvmlGpmMetricsGet_t)
+    return plain
+
+
+# nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value (a union of 8 bytes)
+_FIELD_VALUE = struct.Struct("=IIqqiiQ")
+
+
+def _unpacked_int(f: tuple[int, ...]) -> int:
+    """The integer value of one :data:`_FIELD_VALUE` tuple, by its valueType (the union's 8 bytes read as
+    one unsigned integer: a narrower member is its first bytes, the low ones on a little-endian host)."""
+    vt, raw = f[4], f[6]
+    if vt == 3 or vt == 2:  # unsigned long long, unsigned long (8 bytes on Linux)
+        return raw
+    if vt == 0:  # double
+        return int(struct.unpack("=d", raw.to_bytes(8, sys.byteorder))[0])
+    if vt == 4:  # signed long long
+        return raw - (1 << 64) if raw >> 63 else raw
+    bits = 16 if vt == 6 else 32  # unsigned short; unsigned / signed int
+    low = raw & ((1 << bits) - 1) if sys.byteorder == "little" else raw >> (64 - bits)
+    if vt == 5 and low >> 31:  # signed int
+        return low - (1 << 32)
+    return low
 
 
 def _field_value(f: Any) -> float | int:
@@ -221,6 +280,10 @@ class _Call:
 _NvLinkCalls = tuple[Any, Any, list[tuple[int, tuple[Any, ...], Any, list[tuple[str, tuple[Any, ...], Any]]]]]
 
 
+# (group, C function, its arguments, what stores its answer into the sample)
+_HealthCall = tuple[str, Callable[..., int], tuple[Any, ...], Callable[[dict[str, Any]], None]]
+
+
 @dataclass
 class _SlowState:
     """What the health reads keep per GPU between intervals."""
@@ -229,16 +292,51 @@ class _SlowState:
     nvlink_prev: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # link -> tx KiB, rx KiB, s
     gpm_samples: list[Any] = field(default_factory=list)  # two GPM sample buffers, used in turn
     gpm_current: int = -1  # which buffer holds the last sample (-1: none yet)
+    gpm_requests: list[Any] = field(default_factory=list)  # [i]: the metrics request whose second sample is buffer i
+    health_calls: list[_HealthCall] | None = None  # GpuSensor._health_calls, prepared at the first health read
     process_seen_us: int = 0  # the newest process utilization sample's timestamp
     nvlink_calls: _NvLinkCalls | None = None
-    nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, for nvmlDeviceGetFieldValues
+    nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, then the error totals
+    nvlink_totals: tuple[int, ...] | None = None  # the error totals when the per-link counters were read
+    nvlink_errors: dict[int, tuple[int | None, ...]] = field(default_factory=dict)  # link -> its counters
+    nvlink_errors_mono: float = 0.0  # when the per-link counters were read
 
 
-@dataclass(frozen=True)
 class NvLinkRead:
-    """One active NVLink's reading: ``NvLinkSample`` keyword arguments."""
+    """One active NVLink's reading. ``rates``: (TX, RX) bytes/s since the previous read (None: no rate yet);
+    ``errors``: its error counters in :data:`NVLINK_ERROR_COUNTERS` order (None: not read), the same tuple
+    while they do not move. A plain class: 18 of them per H100 per health read, and their
+    ``NvLinkSample`` keyword arguments (:attr:`values`) are needed only for the links whose point is due."""
 
-    values: dict[str, Any]
+    __slots__ = ("errors", "gpu_index", "link", "rates", "time_unix_ns")
+
+    def __init__(
+        self,
+        gpu_index: int,
+        link: int,
+        time_unix_ns: int,
+        rates: tuple[float, float] | None = None,
+        errors: tuple[int | None, ...] = (),
+    ) -> None:
+        self.gpu_index = gpu_index
+        self.link = link
+        self.time_unix_ns = time_unix_ns
+        self.rates = rates
+        self.errors = errors
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """``NvLinkSample`` keyword arguments."""
+        values: dict[str, Any] = {"time_unix_ns": self.time_unix_ns, "gpu_index": self.gpu_index, "link": self.link}
+        if self.rates is not None:
+            values["tx_bytes_per_s"], values["rx_bytes_per_s"] = self.rates
+        for (key, _), count in zip(NVLINK_ERROR_COUNTERS, self.errors, strict=False):
+            if count is not None:
+                values[key] = count
+        return values
+
+    def __repr__(self) -> str:
+        return f"NvLinkRead({self.values!r})"
 
 
 @dataclass(frozen=True)
@@ -254,6 +352,7 @@ class HealthExtras:
 
     nvlinks: list[NvLinkRead]
     migs: list[MigRead]
+    nvlink_errors: int | None = None  # CRC flit + CRC data + replay errors of the active links (None: not read)
 
 
 @dataclass(frozen=True)
@@ -437,24 +536,24 @@ class GpuSensor:
             elif key not in gpu.unsupported:
                 self._unsupported(gpu, key, f"{name or 'its function'} is missing", NVML_ERROR_FUNCTION_NOT_FOUND)
 
-        util = pynvml.c_nvmlUtilization_t()
+        util = _plain(pynvml.c_nvmlUtilization_t)()
         add("util_pct", "nvmlDeviceGetUtilizationRates", util, {"util_pct": "{b}.gpu", "mem_util_pct": "{b}.memory"},
             ctypes.byref(util))  # fmt: skip
 
         memory_outputs = {"mem_used_bytes": "{b}.used", "mem_total_bytes": "{b}.total"}
-        mem2 = pynvml.c_nvmlMemory_v2_t()
+        mem2 = _plain(pynvml.c_nvmlMemory_v2_t)()
         mem2.version = pynvml.nvmlMemory_v2
         fn = self._function("nvmlDeviceGetMemoryInfo_v2")
         if fn is not None and fn(h, ctypes.byref(mem2)) == NVML_SUCCESS:
             add("mem_used_bytes", "nvmlDeviceGetMemoryInfo_v2", mem2, memory_outputs, ctypes.byref(mem2))
         else:
-            mem1 = pynvml.c_nvmlMemory_t()
+            mem1 = _plain(pynvml.c_nvmlMemory_t)()
             add("mem_used_bytes", "nvmlDeviceGetMemoryInfo", mem1, memory_outputs, ctypes.byref(mem1))
 
         power = ctypes.c_uint()
         add("power_w", "nvmlDeviceGetPowerUsage", power, {"power_w": "{b}.value / 1000"}, ctypes.byref(power))
 
-        temp_v = pynvml.c_nvmlTemperature_v1_t()
+        temp_v = _plain(pynvml.c_nvmlTemperature_v1_t)()
         temp_v.version = pynvml.nvmlTemperature_v1
         temp_v.sensorType = 0  # NVML_TEMPERATURE_GPU
         fn = self._function("nvmlDeviceGetTemperatureV")
@@ -501,7 +600,7 @@ class GpuSensor:
     def _set_fields(self, gpu: _Gpu, specs: list[_FieldSpec]) -> None:
         gpu.fields = specs
         gpu.field_count = len(specs)
-        gpu.field_array = (pynvml.c_nvmlFieldValue_t * max(1, len(specs)))()
+        gpu.field_array = (_plain(pynvml.c_nvmlFieldValue_t) * max(1, len(specs)))()
         for i, spec in enumerate(specs):
             gpu.field_array[i].fieldId = spec.field_id
             gpu.field_array[i].scopeId = 0
@@ -701,6 +800,7 @@ class GpuSensor:
             self._refresh_info(gpu)
             gpu.slow.gpm_current = -1  # interval reads start afresh after an outage
             gpu.slow.nvlink_prev.clear()
+            gpu.slow.nvlink_totals = None  # a reset may have zeroed the counters: read every link again
             self._tell(gpu, False)
         return sample
 
@@ -752,16 +852,16 @@ class GpuSensor:
             return None
         h = gpu.handle
         call = self._slow_call
-        # logged (and left out) per group: a part without ECC says so once, not four times
-        for key, group, error_type, counter_type in (
-            ("ecc_corrected_volatile", "ecc_volatile", 0, 0),
-            ("ecc_uncorrected_volatile", "ecc_volatile", 1, 0),
-            ("ecc_corrected_aggregate", "ecc_aggregate", 0, 1),
-            ("ecc_uncorrected_aggregate", "ecc_aggregate", 1, 1),
-        ):
-            value = call(gpu, group, pynvml.nvmlDeviceGetTotalEccErrors, h, error_type, counter_type)
-            if value is not None:
-                sample[key] = int(value)
+        if gpu.slow.health_calls is None:
+            gpu.slow.health_calls = self._health_calls(h)
+        for group, fn, args, store in gpu.slow.health_calls:
+            if group in gpu.unsupported:
+                continue
+            rc = fn(*args)
+            if rc == NVML_SUCCESS:
+                store(sample)
+            else:
+                call(gpu, group, _raise, rc)  # NOT_SUPPORTED: left out from now on; lost; else counted
         for key, cause in (("retired_pages_sbe", 0), ("retired_pages_dbe", 1)):
             pages = call(gpu, "retired_pages", pynvml.nvmlDeviceGetRetiredPages, h, cause)
             if pages is not None:
@@ -769,23 +869,6 @@ class GpuSensor:
         pending = call(gpu, "retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
         if pending is not None:
             sample["retired_pages_pending"] = bool(pending)
-        rows = call(gpu, "remapped_rows", pynvml.nvmlDeviceGetRemappedRows, h)
-        if rows is not None:
-            sample["remapped_rows_correctable"] = int(rows[0])
-            sample["remapped_rows_uncorrectable"] = int(rows[1])
-            sample["remap_pending"] = bool(rows[2])
-            sample["remap_failure"] = bool(rows[3])
-        replay = call(gpu, "pcie_replay_count", pynvml.nvmlDeviceGetPcieReplayCounter, h)
-        if replay is not None:
-            sample["pcie_replay_count"] = int(replay)
-        for key, policy in (
-            ("power_violation_us", pynvml.NVML_PERF_POLICY_POWER),
-            ("thermal_violation_us", pynvml.NVML_PERF_POLICY_THERMAL),
-            ("sync_boost_violation_us", pynvml.NVML_PERF_POLICY_SYNC_BOOST),
-        ):
-            violation = call(gpu, key, pynvml.nvmlDeviceGetViolationStatus, h, policy)
-            if violation is not None:
-                sample[key] = int(violation.violationTime) // 1000  # NVML: ns
         fans = gpu.info.fan_count if gpu.info.HasField("fan_count") else 0
         if fans:
             rpm: list[int] = []
@@ -804,7 +887,75 @@ class GpuSensor:
         migs = self._read_migs(gpu, sample["time_unix_ns"]) if gpu.info.mig_enabled else []
         if gpu.lost:
             return None
-        return HealthExtras(nvlinks, migs)
+        nvlink_errors: int | None = None
+        for r in nvlinks:
+            for (key, _), count in zip(NVLINK_ERROR_COUNTERS, r.errors, strict=False):
+                if count is not None and key in NVLINK_HEALTH_COUNTERS:
+                    nvlink_errors = (nvlink_errors or 0) + count
+        return HealthExtras(nvlinks, migs, nvlink_errors)
+
+    def _health_calls(self, h: Any) -> list[_HealthCall]:
+        """The health reads of every GPU that have a fixed shape (ECC counts, remapped rows, PCIe replays,
+        violation time): the C functions called directly with buffers allocated once, as on the hot path
+        (through pynvml's wrappers they had cost three times as much). Each is (group, function, arguments,
+        store); a group is logged and left out as a whole (a part without ECC says so once, not four times)."""
+        calls: list[_HealthCall] = []
+
+        def function(name: str) -> Callable[..., int]:
+            return self._function(name) or _missing_function  # FUNCTION_NOT_FOUND: left out as unsupported
+
+        def value_of(key: str, buffer: Any) -> Callable[[Sample], None]:
+            def store(sample: Sample) -> None:
+                sample[key] = int(buffer.value)
+
+            return store
+
+        def violation_of(key: str, violation: Any) -> Callable[[Sample], None]:
+            def store(sample: Sample) -> None:
+                sample[key] = int(violation.violationTime) // 1000  # NVML: ns
+
+            return store
+
+        ecc = function("nvmlDeviceGetTotalEccErrors")
+        for key, group, error_type, counter_type in (
+            ("ecc_corrected_volatile", "ecc_volatile", 0, 0),
+            ("ecc_uncorrected_volatile", "ecc_volatile", 1, 0),
+            ("ecc_corrected_aggregate", "ecc_aggregate", 0, 1),
+            ("ecc_uncorrected_aggregate", "ecc_aggregate", 1, 1),
+        ):
+            count = ctypes.c_ulonglong()
+            args: tuple[Any, ...] = (h, ctypes.c_uint(error_type), ctypes.c_uint(counter_type), ctypes.byref(count))
+            calls.append((group, ecc, args, value_of(key, count)))
+
+        rows = [ctypes.c_uint() for _ in range(4)]  # correctable, uncorrectable, pending, failure
+
+        def store_rows(sample: Sample) -> None:
+            sample["remapped_rows_correctable"] = int(rows[0].value)
+            sample["remapped_rows_uncorrectable"] = int(rows[1].value)
+            sample["remap_pending"] = bool(rows[2].value)
+            sample["remap_failure"] = bool(rows[3].value)
+
+        args = (h, *(ctypes.byref(r) for r in rows))
+        calls.append(("remapped_rows", function("nvmlDeviceGetRemappedRows"), args, store_rows))
+        replay = ctypes.c_uint()
+        calls.append(
+            (
+                "pcie_replay_count",
+                function("nvmlDeviceGetPcieReplayCounter"),
+                (h, ctypes.byref(replay)),
+                value_of("pcie_replay_count", replay),
+            )
+        )
+        violation_fn = function("nvmlDeviceGetViolationStatus")
+        for key, policy in (
+            ("power_violation_us", pynvml.NVML_PERF_POLICY_POWER),
+            ("thermal_violation_us", pynvml.NVML_PERF_POLICY_THERMAL),
+            ("sync_boost_violation_us", pynvml.NVML_PERF_POLICY_SYNC_BOOST),
+        ):
+            violation = _plain(pynvml.c_nvmlViolationTime_t)()
+            args = (h, ctypes.c_uint(policy), ctypes.byref(violation))
+            calls.append((key, violation_fn, args, violation_of(key, violation)))
+        return calls
 
     def _read_nvlinks(self, gpu: _Gpu, sample: Sample) -> list[NvLinkRead]:
         slow = gpu.slow
@@ -829,20 +980,24 @@ class GpuSensor:
                 return []
             slow.nvlinks = links
             slow.nvlink_calls = self._nvlink_calls(h, links)
-            slow.nvlink_fields = (pynvml.c_nvmlFieldValue_t * (2 * len(links)))()
+            slow.nvlink_fields = (
+                _plain(pynvml.c_nvmlFieldValue_t) * (2 * len(links) + len(FIELD_NVLINK_ERROR_TOTALS))
+            )()
             for i, link in enumerate(links):
                 for j, field_id in enumerate((FIELD_NVLINK_TX_KIB, FIELD_NVLINK_RX_KIB)):
                     slow.nvlink_fields[2 * i + j].fieldId = field_id
                     slow.nvlink_fields[2 * i + j].scopeId = link
+            for i, field_id in enumerate(FIELD_NVLINK_ERROR_TOTALS):
+                slow.nvlink_fields[2 * len(links) + i].fieldId = field_id
         if slow.nvlink_calls is None:
             return []
         state_fn, error_fn, per_link = slow.nvlink_calls
-        active: list[int] = []
+        active: set[int] = set()
         for link, state_args, state, _ in per_link:
             rc = state_fn(*state_args)
             if rc == NVML_SUCCESS:
                 if state.value == 1:
-                    active.append(link)
+                    active.add(link)
             elif rc == NVML_ERROR_GPU_IS_LOST:
                 self._lose(gpu, "nvlink_state")
                 return []
@@ -853,10 +1008,12 @@ class GpuSensor:
         t_ns = sample["time_unix_ns"]
         out: list[NvLinkRead] = []
         rates: dict[int, tuple[float, float]] = {}
+        totals: tuple[int, ...] | None = None
         if "nvlink_throughput" not in gpu.unsupported:
             array = slow.nvlink_fields
             count = len(per_link) * 2
-            rc = self._fv(h, count, array)
+            with_totals = "nvlink_error_totals" not in gpu.unsupported
+            rc = self._fv(h, count + len(FIELD_NVLINK_ERROR_TOTALS) if with_totals else count, array)
             if rc == NVML_ERROR_GPU_IS_LOST:
                 self._lose(gpu, "nvlink_throughput")
                 return []
@@ -866,32 +1023,56 @@ class GpuSensor:
                 self._error(gpu, "nvlink_throughput", rc)
             else:
                 now_s = t_ns / 1e9
+                # every field unpacked in one go: indexing the ctypes array makes an object per field
+                fields = list(_FIELD_VALUE.iter_unpack(bytes(array)))
                 for i, (link, _, _, _) in enumerate(per_link):
                     if link not in active:
                         continue
-                    tx, rx = array[2 * i], array[2 * i + 1]
-                    if tx.nvmlReturn or rx.nvmlReturn:
+                    tx, rx = fields[2 * i], fields[2 * i + 1]
+                    if tx[5] or rx[5]:  # nvmlReturn
                         continue
-                    tx_kib, rx_kib = int(_field_value(tx)), int(_field_value(rx))
+                    tx_kib, rx_kib = _unpacked_int(tx), _unpacked_int(rx)
                     prev = slow.nvlink_prev.get(link)
                     slow.nvlink_prev[link] = (tx_kib, rx_kib, now_s)
                     if prev is not None and now_s > prev[2] and tx_kib >= prev[0] and rx_kib >= prev[1]:
                         dt = now_s - prev[2]
                         rates[link] = ((tx_kib - prev[0]) * 1024 / dt, (rx_kib - prev[1]) * 1024 / dt)
+                if with_totals:
+                    total_fields = fields[count : count + len(FIELD_NVLINK_ERROR_TOTALS)]
+                    if all(f[5] == NVML_SUCCESS for f in total_fields):
+                        totals = tuple(_unpacked_int(f) for f in total_fields)
+                    elif any(f[5] == NVML_ERROR_NOT_SUPPORTED for f in total_fields):
+                        # an older driver: every link's counters are read every interval, as before
+                        gpu.unsupported.add("nvlink_error_totals")
         errors_read = "nvlink_errors" not in gpu.unsupported
+        now_mono = time.monotonic()
+        cached = slow.nvlink_errors
+        reuse = (
+            errors_read
+            and totals is not None
+            and totals == slow.nvlink_totals
+            and now_mono - slow.nvlink_errors_mono < NVLINK_ERRORS_REREAD_S
+            and all(link in cached for link in active)
+        )
+        complete = errors_read
         for link, _, _, counters in per_link:
             if link not in active:
                 continue
-            values_: dict[str, Any] = {"time_unix_ns": t_ns, "gpu_index": gpu.index, "link": link}
-            if link in rates:
-                values_["tx_bytes_per_s"], values_["rx_bytes_per_s"] = rates[link]
-            if errors_read:
-                for key, args, buffer in counters:
+            errors: tuple[int | None, ...] = ()
+            if reuse:
+                errors = cached[link]
+            elif errors_read:
+                read: list[int | None] = []
+                for _, args, buffer in counters:
                     rc = error_fn(*args)
                     if rc == NVML_SUCCESS:
-                        values_[key] = int(buffer.value)
-                    elif rc == NVML_ERROR_GPU_IS_LOST:
+                        read.append(int(buffer.value))
+                        continue
+                    read.append(None)
+                    complete = False
+                    if rc == NVML_ERROR_GPU_IS_LOST:
                         self._lose(gpu, "nvlink_errors")
+                        slow.nvlink_totals = None
                         return []
                     elif rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
                         self._unsupported(gpu, "nvlink_errors", "nvmlDeviceGetNvLinkErrorCounter", rc)
@@ -899,7 +1080,16 @@ class GpuSensor:
                         break
                     else:
                         self._error(gpu, "nvlink_errors", rc)
-            out.append(NvLinkRead(values_))
+                errors = tuple(read)
+                previous = cached.get(link)
+                if previous is not None and previous == errors:
+                    errors = previous  # unchanged: the same tuple, which the sampler compares by identity
+                cached[link] = errors
+            out.append(NvLinkRead(gpu.index, link, t_ns, rates.get(link), errors))
+        if not reuse:
+            # the totals stand for these per-link counters only when every one of them was read
+            slow.nvlink_totals = totals if complete else None
+            slow.nvlink_errors_mono = now_mono
         if rates:
             sample["nvlink_tx_bytes_per_s"] = sum(r[0] for r in rates.values())
             sample["nvlink_rx_bytes_per_s"] = sum(r[1] for r in rates.values())
@@ -933,26 +1123,46 @@ class GpuSensor:
             if any(a is None for a in allocated):
                 return
             slow.gpm_samples = allocated
+            # the two requests, allocated once (the buffers are used in turn): building one per read, with
+            # pynvml's structures, had cost more than the NVML calls
+            for nxt in (0, 1):
+                request = _gpm_request_type()()
+                request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+                request.numMetrics = len(GPM_METRICS)
+                request.sample1 = allocated[1 - nxt]
+                request.sample2 = allocated[nxt]
+                for i, (_, metric) in enumerate(GPM_METRICS):
+                    request.metrics[i].metricId = metric
+                slow.gpm_requests.append(request)
+        sample_get, metrics_get = self._gpm_functions
         nxt = 0 if slow.gpm_current != 0 else 1
-        if self._slow_call(gpu, "gpm", pynvml.nvmlGpmSampleGet, gpu.handle, slow.gpm_samples[nxt]) is None:
+        rc = sample_get(gpu.handle, slow.gpm_samples[nxt])
+        if rc != NVML_SUCCESS:
+            self._slow_call(gpu, "gpm", _raise, rc)
             slow.gpm_current = -1
             return
         previous, slow.gpm_current = slow.gpm_current, nxt
         if previous < 0:
             return
-        request = pynvml.c_nvmlGpmMetricsGet_t()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(GPM_METRICS)
-        request.sample1 = slow.gpm_samples[previous]
-        request.sample2 = slow.gpm_samples[nxt]
-        for i, (_, metric) in enumerate(GPM_METRICS):
-            request.metrics[i].metricId = metric
-        if self._slow_call(gpu, "gpm", pynvml.nvmlGpmMetricsGet, request) is None:
+        request = slow.gpm_requests[nxt]
+        rc = metrics_get(ctypes.byref(request))
+        if rc != NVML_SUCCESS:
+            self._slow_call(gpu, "gpm", _raise, rc)
             return
+        metrics = request.metrics
         for i, (key, _) in enumerate(GPM_METRICS):
-            m = request.metrics[i]
+            m = metrics[i]
             if m.nvmlReturn == NVML_SUCCESS:
                 sample[key] = float(m.value)
+
+    @functools.cached_property
+    def _gpm_functions(self) -> tuple[Callable[..., int], Callable[..., int]]:
+        """nvmlGpmSampleGet and nvmlGpmMetricsGet, called directly (a missing one answers
+        FUNCTION_NOT_FOUND, so GPM is left out as unsupported)."""
+        return (
+            self._function("nvmlGpmSampleGet") or _missing_function,
+            self._function("nvmlGpmMetricsGet") or _missing_function,
+        )
 
     def _read_migs(self, gpu: _Gpu, t_ns: int) -> list[MigRead]:
         count = self._slow_call(gpu, "mig", pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)

@@ -42,7 +42,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1318,6 +1320,17 @@ static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
         f->value.ullVal = (unsigned long long)kib;
         return NVML_SUCCESS;
     }
+    if (f->fieldId == 38 || f->fieldId == 45 || f->fieldId == 52 || f->fieldId == 59) {
+        /* NVLINK_CRC_FLIT / CRC_DATA / REPLAY / RECOVERY_ERROR_COUNT_TOTAL: the sums over the links of what
+         * nvmlDeviceGetNvLinkErrorCounter answers (CRC flit and replay move together, the others stay 0) */
+        if (!g->nvlink_links) return NVML_ERROR_NOT_SUPPORTED;
+        unsigned long long total = 0;
+        for (unsigned l = 0; l < g->nvlink_links; l++)
+            total += f->fieldId == 38 ? g->nvlink_crc_flit[l] : f->fieldId == 52 ? g->nvlink_replay[l] : 0;
+        f->valueType = VT_ULL;
+        f->value.ullVal = total;
+        return NVML_SUCCESS;
+    }
     switch (f->fieldId) {
     case 91: /* NVLINK_LINK_COUNT: what nvitop's NVLink view asks first */
         if (!g->nvlink_links) return NVML_ERROR_NOT_SUPPORTED;
@@ -1562,6 +1575,12 @@ typedef struct {
 typedef struct sim_event_set {
     unsigned magic;
     sim_event_reg regs[MAX_GPUS];
+    /* How a wait blocks (see nvmlEventSetWait_v2): an inotify descriptor watching every GPU's history
+     * (-1: not opened yet, -2: unavailable, so the wait looks at every tick), the tick at which the set
+     * must next look at the state, and the tick by which a history write seen by inotify (or one that may
+     * have come before the watch existed) has been read into memory (-1: none outstanding). All under g_lock. */
+    int inotify_fd;
+    int64_t check_tick, unread_tick;
 } *nvmlEventSet_t;
 
 typedef struct {
@@ -1576,6 +1595,8 @@ EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     struct sim_event_set *s = calloc(1, sizeof *s);
     if (!s) return NVML_ERROR_UNKNOWN;
     s->magic = EVENT_SET_MAGIC;
+    s->inotify_fd = -1;
+    s->unread_tick = -1;
     *set = s;
     return NVML_SUCCESS;
 }
@@ -1584,6 +1605,7 @@ EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
     if (!set || set->magic != EVENT_SET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
     set->magic = 0;
+    if (set->inotify_fd >= 0) close(set->inotify_fd);
     free(set);
     return NVML_SUCCESS;
 }
@@ -1647,24 +1669,109 @@ static int next_event_for(struct sim_event_set *set, nvmlEventData_t *out) {
     return 0;
 }
 
-/* Blocks up to timeout_ms; polls on the driver's cadence (the files are read only when a tick has passed). */
+static int64_t tick_of(int64_t t) { return t < g_start_ns ? 0 : (t - g_start_ns) / g_period_ns; }
+
+/* Opens the set's inotify descriptor with a watch on every GPU's history (all of them: a load on one GPU
+ * moves the node's power, hence the inlet air and the clocks of the others). Without inotify, or when a
+ * history is missing, the set falls back to looking at every tick. Called with g_lock held. */
+static void open_watch(struct sim_event_set *s) {
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    for (unsigned i = 0; fd >= 0 && i < g_gpu_count; i++) {
+        if (inotify_add_watch(fd, g_gpus[i].events_path, IN_MODIFY) < 0) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    s->inotify_fd = fd >= 0 ? fd : -2;
+    /* a line written before the watch existed is read at the next tick boundary at the latest */
+    s->unread_tick = tick_of(now_ns()) + 1;
+    s->check_tick = 0;
+}
+
+/* Empties the descriptor; 1 if a history was written since the last drain. */
+static int drain_watch(struct sim_event_set *s) {
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    int written = 0;
+    while (read(s->inotify_fd, buf, sizeof buf) > 0) written = 1;
+    return written;
+}
+
+#define PREDICT_TICKS 50 /* how far ahead one look computes, 5 s at the default 100 ms period */
+static sim_gpu g_scratch[MAX_GPUS];
+
+/* The first tick after g_tick in which something could reach the set if no history is written meanwhile:
+ * a line of a registered GPU's history takes effect (kept in memory, not yet applied), or a registered
+ * GPU's SM clock changes (thermal slowdown, the power cap). The machine is a pure function of its histories
+ * and the time, so stepping a copy of every GPU ahead is exactly what the reader will compute then. At most
+ * PREDICT_TICKS ahead; the caller looks again then. Called with g_lock held, after refresh(). */
+static int64_t next_change_tick(const struct sim_event_set *s) {
+    unsigned n = g_gpu_count;
+    memcpy(g_scratch, g_gpus, n * sizeof *g_scratch);
+    for (int64_t k = g_tick + 1; k <= g_tick + PREDICT_TICKS; k++) {
+        double p_node = 0.0;
+        for (unsigned i = 0; i < n; i++) p_node += g_scratch[i].power_w;
+        for (unsigned i = 0; i < n; i++) end_tick(&g_scratch[i], p_node);
+        for (unsigned i = 0; i < n; i++) begin_tick(&g_scratch[i], k);
+        for (unsigned i = 0; i < n; i++) {
+            const sim_event_reg *r = &s->regs[i];
+            if (!r->mask) continue;
+            if (g_scratch[i].next_event != g_gpus[i].next_event) return k;
+            if ((r->mask & EVENT_CLOCK) && g_scratch[i].clock_changes != g_gpus[i].clock_changes) return k;
+        }
+    }
+    return g_tick + PREDICT_TICKS;
+}
+
+/* Blocks up to timeout_ms, as the driver's wait blocks: idle, it costs nothing. Events reach a set only at
+ * tick boundaries, and only two things make one: a line appended to a history (`gpuprobe sim fail`, a load,
+ * a power limit), which inotify reports, and the model's own evolution (clock changes), which is computed
+ * ahead. So the wait sleeps in ppoll on the inotify descriptor until the tick at which the next event can
+ * arrive, or the deadline; a write wakes it, and it looks just after the following tick boundary, when the
+ * line has taken effect. It reads the histories only when it looks. */
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
     if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
     if (!set || set->magic != EVENT_SET_MAGIC || !data) return NVML_ERROR_INVALID_ARGUMENT;
     int64_t deadline = now_ns() + (int64_t)timeout_ms * 1000000LL;
+    pthread_mutex_lock(&g_lock);
+    if (set->inotify_fd == -1) open_watch(set);
     for (;;) {
-        pthread_mutex_lock(&g_lock);
-        refresh();
-        int found = next_event_for(set, data);
-        pthread_mutex_unlock(&g_lock);
-        if (found) return NVML_SUCCESS;
         int64_t t = now_ns();
-        if (t >= deadline) return NVML_ERROR_TIMEOUT;
-        /* sleep to just after the next tick boundary (or the deadline) */
-        int64_t next = g_start_ns + ((t - g_start_ns) / g_period_ns + 1) * g_period_ns + 200000;
-        int64_t until = next < deadline ? next : deadline;
-        struct timespec ts = {(time_t)((until - t) / 1000000000LL), (long)((until - t) % 1000000000LL)};
-        nanosleep(&ts, NULL);
+        int64_t tick = tick_of(t);
+        if (set->inotify_fd >= 0 && drain_watch(set) && set->unread_tick < 0) set->unread_tick = tick + 1;
+        if (tick >= set->check_tick || set->inotify_fd < 0) {
+            refresh();
+            if (next_event_for(set, data)) {
+                set->check_tick = 0; /* more may be queued: the next wait looks at once */
+                pthread_mutex_unlock(&g_lock);
+                return NVML_SUCCESS;
+            }
+            /* every history line written before this tick began is in memory now */
+            if (set->unread_tick >= 0 && g_tick >= set->unread_tick) set->unread_tick = -1;
+            set->check_tick = set->inotify_fd >= 0 ? next_change_tick(set) : g_tick + 1;
+        }
+        int64_t look = set->check_tick;
+        if (set->unread_tick >= 0 && set->unread_tick < look) look = set->unread_tick;
+        if (look < set->check_tick) set->check_tick = look;
+        t = now_ns();
+        if (t >= deadline) {
+            pthread_mutex_unlock(&g_lock);
+            return NVML_ERROR_TIMEOUT;
+        }
+        /* just after the boundary of the tick to look at (or the deadline) */
+        int64_t until = g_start_ns + look * g_period_ns + 200000;
+        if (until > deadline) until = deadline;
+        int fd = set->inotify_fd;
+        pthread_mutex_unlock(&g_lock);
+        if (until > t) {
+            struct timespec ts = {(time_t)((until - t) / 1000000000LL), (long)((until - t) % 1000000000LL)};
+            if (fd >= 0) {
+                struct pollfd pfd = {.fd = fd, .events = POLLIN};
+                ppoll(&pfd, 1, &ts, NULL);
+            } else {
+                nanosleep(&ts, NULL);
+            }
+        }
+        pthread_mutex_lock(&g_lock);
     }
 }
 EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {

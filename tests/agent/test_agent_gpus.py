@@ -192,3 +192,33 @@ def test_without_nvml_the_agent_samples_the_host_with_its_hwmon_sensors(
         assert 0 <= n.cpu_pct <= 100 and 0 < n.mem_used_bytes < n.mem_total_bytes and n.load1 >= 0
         assert dict(n.hwmon_temp_c) == {"coretemp_package_id_0": 45.0, "coretemp_temp2": 38.5}
     assert receiver.hellos()[0].gpus == []
+
+
+def test_field_values_unpacked_in_one_go_read_as_pynvml_reads_them() -> None:
+    """The NVLink fields (throughput per link, error totals) are unpacked from the raw array in one call,
+    not field by field; every NVML value type must come out as pynvml's own union member gives it (a
+    driver may answer a field in another type than the simulator)."""
+    import ctypes
+
+    import pynvml
+
+    from gpuprobe.agent.sensors.gpu import _FIELD_VALUE, _field_value, _plain, _unpacked_int
+
+    assert _FIELD_VALUE.size == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+    cases = [  # valueType, union member, value
+        (0, "dVal", 12345.75),
+        (1, "uiVal", 4_000_000_000),
+        (2, "ulVal", 2**40 + 5),
+        (3, "ullVal", 2**63 + 7),
+        (4, "sllVal", -5),
+        (5, "siVal", -7),
+        (6, "usVal", 65_000),
+    ]
+    array = (_plain(pynvml.c_nvmlFieldValue_t) * len(cases))()
+    for i, (value_type, member, value) in enumerate(cases):
+        ctypes.memset(ctypes.byref(array[i].value), 0xAB, 8)  # bytes a narrower member leaves untouched
+        array[i].valueType = value_type
+        setattr(array[i].value, member, value)
+    unpacked = [_unpacked_int(f) for f in _FIELD_VALUE.iter_unpack(bytes(array))]
+    assert unpacked == [int(_field_value(array[i])) for i in range(len(cases))]
+    assert unpacked == [12345, 4_000_000_000, 2**40 + 5, 2**63 + 7, -5, -7, 65_000]

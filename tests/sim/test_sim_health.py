@@ -110,6 +110,68 @@ def test_an_injected_xid_reaches_a_waiting_set_once_and_only_sets_registered_bef
     assert out["unsupported"] == "err3"
 
 
+def test_an_idle_wait_sleeps_and_a_load_from_another_writer_still_arrives_within_a_period(sim: Sim) -> None:
+    """The wait blocks as the driver's does, so an idle events thread costs nothing: it sleeps until a history
+    is written (inotify) or the model's own next clock change, not tick by tick. A load written while it
+    waits, or just before the set was registered (not yet read by anyone), still reaches it at the tick
+    boundary where it takes effect."""
+    machine = sim.machine("H100-SXM5-80GB", gpus=2, period_s=0.1)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            """
+        import threading
+        from gpuprobe.sim import state as sim_state
+        settings = sim_state.load(sim_state.state_dir_from_env())
+
+        def wakeups():
+            for line in open("/proc/thread-self/status"):
+                if line.startswith("voluntary_ctxt_switches"):
+                    return int(line.split()[1])
+
+        es = N.nvmlEventSetCreate()
+        for h in H:
+            N.nvmlDeviceRegisterEvents(h, N.nvmlDeviceGetSupportedEventTypes(h), es)
+        wait_ticks(H[0], 1)
+        first = wait_event(es, 0)  # nothing has happened; the set looks once and returns
+        before = wakeups()
+        idle = wait_event(es, 2000)  # 20 periods of idle GPUs: no event
+        idle_wakeups = wakeups() - before
+
+        # a load written by another thread while the set waits: the clock change of the tick it takes effect in
+        written = []
+        timer = threading.Timer(0.35, lambda: written.append(set_load(1, 80)))
+        timer.start()
+        during = wait_event(es, 3000)
+        received_ns = time.time_ns()
+        timer.join()
+        during_delay_s = (received_ns - settings.next_tick_ns(written[0])) / 1e9
+
+        # a load written just after a tick boundary, before a new set is registered in the same tick
+        wait_ticks(H[0], 1)
+        t_load = set_load(0, 80)
+        fresh = N.nvmlEventSetCreate()
+        N.nvmlDeviceRegisterEvents(H[0], N.nvmlEventTypeClock, fresh)
+        registered_in_tick = settings.next_tick_ns(time.time_ns()) == settings.next_tick_ns(t_load)
+        before_registration = wait_event(fresh, 1000)
+        N.nvmlEventSetFree(es)
+        N.nvmlEventSetFree(fresh)
+        emit(dict(first=first, idle=idle, idle_wakeups=idle_wakeups, during=during, during_delay_s=during_delay_s,
+                  registered_in_tick=registered_in_tick, before_registration=before_registration))
+        """,
+        ),
+    )
+    assert out["first"] is None and out["idle"] is None
+    # polling tick by tick would have woken 20 times
+    assert out["idle_wakeups"] <= 3, out["idle_wakeups"]
+    assert out["during"][:3] == [1, 0x10, 0], "GPU 1's clock left idle"
+    assert 0 <= out["during_delay_s"] < 0.1, "delivered within the period after the boundary"
+    if out["registered_in_tick"]:  # registered before the boundary at which the load takes effect
+        assert out["before_registration"] is not None and out["before_registration"][:3] == [0, 0x10, 0]
+        assert out["before_registration"][3] < 0.3
+
+
 def test_xid_79_loses_the_gpu_right_after_its_event(sim: Sim, cli: Callable[..., CompletedProcess[str]]) -> None:
     machine = sim.machine("A100-SXM4-80GB", gpus=1, period_s=PERIOD_S)
     out = sim.run(
