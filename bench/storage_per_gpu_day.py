@@ -1,6 +1,6 @@
 """Bytes on disk per GPU-day: raw 10 Hz `gpu` points and their `rollup_10s` and `rollup_1m`, in InfluxDB 1.x.
 
-    python bench/storage_per_gpu_day.py [--gpus 8] [--hours 2] [--without-node] [--json out.json]
+    python bench/storage_per_gpu_day.py [--gpus 8] [--hours 2] [--without-node] [--aggregates] [--json out.json]
 
 1. A fresh InfluxDB (Debian's 1.6, own data directory) is set up by ``gpuprobe collector --init-db``'s
    own code (:func:`gpuprobe.influx.retention.init_db`: the raw policy, the rollups, the continuous
@@ -12,7 +12,9 @@
    that step under the power cap, the energy counter in mJ; plus the node's 1 Hz host samples. The
    samples are protobuf ``GpuSample``/``NodeSample`` encoded by the collector's own ``StreamEncoder``
    (the line protocol the collector writes: full tag set, shortest float text) and written in
-   5 000-line batches.
+   5 000-line batches. ``--aggregates``: each GPU's second of samples becomes one ``GpuAggregate`` by
+   the agent's own :func:`gpuprobe.agent.resolution.aggregate` (what ``--resolution auto`` ships outside
+   probes), stored as one ``res=1s`` point.
 3. The rollups are computed by the continuous queries' own ``SELECT ... INTO`` over the whole range
    (:func:`gpuprobe.influx.retention.backfill`; InfluxDB runs the same statements on its schedule).
 4. Once the WAL is empty and the sizes stop changing, ``data/<db>/<rp>`` is summed per policy (every
@@ -35,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuprobe.agent.resolution import aggregate
 from gpuprobe.collector.encode import StreamEncoder
 from gpuprobe.collector.validate import Identity, Limits
 from gpuprobe.devservices import InfluxDBServer
@@ -133,7 +136,9 @@ def node_sample(rng: random.Random, t_s: float, time_ns: int) -> telemetry_pb2.N
     return sample
 
 
-def write_data(client: InfluxClient, gpus: int, hours: float, start_ns: int, node: bool = True) -> dict[str, int]:
+def write_data(
+    client: InfluxClient, gpus: int, hours: float, start_ns: int, node: bool = True, aggregates: bool = False
+) -> dict[str, int]:
     rng = random.Random(7)
     devices = [Gpu(i, rng) for i in range(gpus)]
     refs = [
@@ -156,10 +161,17 @@ def write_data(client: InfluxClient, gpus: int, hours: float, start_ns: int, nod
     pending_lines = lines_total = line_bytes = 0
     for first in range(0, ticks, 10):  # one batch per second, as an agent sends them
         batch = telemetry_pb2.SampleBatch(created_unix_ns=start_ns + first * NS // 10, gpus=refs)
-        for tick in range(first, min(first + 10, ticks)):
-            t_ns = start_ns + tick * NS // 10
-            for gpu in devices:
-                batch.gpu_samples.append(gpu.sample(tick / 10, t_ns + gpu.index))
+        samples = [
+            gpu.sample(tick / 10, start_ns + tick * NS // 10 + gpu.index)
+            for tick in range(first, min(first + 10, ticks))
+            for gpu in devices
+        ]
+        if aggregates:
+            # what an agent ships outside probes (--resolution auto): one aggregate per GPU and second
+            rows = [{"gpu_index": s.gpu_index, **{f.name: v for f, v in s.ListFields()}} for s in samples]
+            batch.gpu_aggregates.extend(aggregate(rows, NS))
+        else:
+            batch.gpu_samples.extend(samples)
         if node:
             batch.node_samples.append(node_sample(rng, first / 10, start_ns + first * NS // 10 + 50_000_000))
         encoded = encoder.encode(batch, start_ns + first * NS // 10 + 60 * NS)
@@ -203,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=8, help="GPUs of the simulated node (default 8)")
     parser.add_argument("--hours", type=float, default=2.0, help="hours of data (default 2)")
     parser.add_argument("--without-node", action="store_true", help="gpu points only (no 1 Hz node points)")
+    parser.add_argument(
+        "--aggregates",
+        action="store_true",
+        help="store the agent's 1 s aggregates (res=1s points, as outside probes) instead of 10 Hz points",
+    )
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
 
@@ -216,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
             start_ns = (time.time_ns() - int(args.hours * 3600 * NS) - 10 * minute) // minute * minute
             end_ns = start_ns + int(args.hours * 3600 * NS)
             t0 = time.monotonic()
-            written = write_data(client, args.gpus, args.hours, start_ns, node=not args.without_node)
-            log(f"wrote {written['lines']} lines in {time.monotonic() - t0:.1f} s")
+            written = write_data(
+                client, args.gpus, args.hours, start_ns, node=not args.without_node, aggregates=args.aggregates
+            )
+            write_s = time.monotonic() - t0
+            log(f"wrote {written['lines']} lines in {write_s:.1f} s")
             t0 = time.monotonic()
             backfill(client, plan, start_ns, end_ns + minute)
             log(f"rollups computed in {time.monotonic() - t0:.1f} s")
@@ -236,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             "gpus": args.gpus,
             "hours": args.hours,
             "node_points": not args.without_node,
+            "gpu_points": "1 s aggregates (res=1s)" if args.aggregates else "10 Hz samples",
+            "write_lines_per_s": round(written["lines"] / write_s),
             "raw_lines": written["lines"],
             "line_protocol_bytes_per_line": round(written["line_protocol_bytes"] / written["lines"], 1),
             "points": points,
