@@ -11,7 +11,10 @@ are shipped too (the spool moves them into its sequence), so the moments before 
 at full rate. ``full``: every sample ships, as before the policy existed.
 
 The decision is made once per batch take (:meth:`ResolutionPolicy.take`), outside the sampler
-thread, from the samples and events of that batch: a trigger counts from the batch it arrives in.
+thread, from the samples and events of that batch: a trigger counts from the batch it arrives in;
+in the batch in which a window closes, the samples up to the close (a probe's end event, a trigger's
+``hires_after_s``) and to the end of its interval still ship raw, so a fit of a probe never meets an
+aggregate inside its window.
 An interval is aggregated once it is complete (a later sample of the same GPU arrived, or the
 interval ended an interval ago): its samples wait here across takes, so an interval is never split
 over two aggregates with the same timestamp (the second would overwrite the first in InfluxDB).
@@ -181,6 +184,8 @@ class ResolutionPolicy:
         self._hires_until_ns = 0  # end of the trigger window (0: none yet)
         self._probes: set[str] = set()  # probes running on this node
         self._pending: list[dict[str, Any]] = []  # samples of intervals not yet complete
+        self._open = False  # whether a window was open at the last take
+        self._probe_ended_ns = 0  # when the last running probe ended
         self.triggers = 0  # trigger samples and events seen (a burst counts each)
 
     @property
@@ -212,6 +217,8 @@ class ResolutionPolicy:
                 self._trigger(e.time_unix_ns)
         for p in probe_events:
             if p.kind == telemetry_pb2.PROBE_EVENT_KIND_END:
+                if p.probe_id in self._probes:
+                    self._probe_ended_ns = max(self._probe_ended_ns, p.time_unix_ns)
                 self._probes.discard(p.probe_id)
             elif p.kind in (telemetry_pb2.PROBE_EVENT_KIND_START, telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE):
                 # a phase change of a probe not seen starting: the agent restarted during it
@@ -233,19 +240,30 @@ class ResolutionPolicy:
         stops, so incomplete intervals are aggregated too."""
         if self.full:
             return Decision(raw=samples, hires=True)
-        was_hires = self.hires(now_ns)
+        was_open = self._open
         self.observe(samples, gpu_events, probe_events)
-        if self.hires(now_ns):
+        self._open = self.hires(now_ns)
+        if self._open:
             # the intervals begun before the window: aggregated as they are (their samples are in the
             # recorder, shipped raw now too when it is on)
             held, self._pending = self._pending, []
-            promote = None if was_hires or not self.flight_recorder_ns else now_ns - self.flight_recorder_ns
+            promote = None if was_open or not self.flight_recorder_ns else now_ns - self.flight_recorder_ns
             return Decision(
                 raw=samples, aggregates=aggregate(held, self.interval_ns), promote_since_ns=promote, hires=True
             )
+        raw: list[dict[str, Any]] = []
+        if was_open:
+            # the window closed since the last take: its samples up to the close still ship raw, and so
+            # do the rest of the close's interval (an aggregate is stamped at its interval's start, which
+            # would fall inside the window): a fit of a probe never meets an aggregate inside its window
+            closed_ns = max(self._hires_until_ns, self._probe_ended_ns + 1)  # the first instant outside
+            closed_ns = -(-closed_ns // self.interval_ns) * self.interval_ns
+            raw = [s for s in samples if s["time_unix_ns"] < closed_ns]
+            samples = [s for s in samples if s["time_unix_ns"] >= closed_ns]
         self._pending.extend(samples)
         complete = self._complete(now_ns, final)
         return Decision(
+            raw=raw,
             aggregates=aggregate(complete, self.interval_ns),
             recorded=samples if self.flight_recorder_ns else [],
         )

@@ -58,6 +58,7 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
     for gpu in numbers["gpus"]:
         if gpu["model"] in truth:
             r_th = gpu["thermal"]["rc"]["r_th_c_per_w"]
+            print(f"{gpu['host']} GPU {gpu['gpu']} {gpu['model']}: R_th {r_th / truth[gpu['model']] - 1:+.1%}")
             assert abs(r_th - truth[gpu["model"]]) / truth[gpu["model"]] < 0.1, (gpu["model"], r_th)
 
     # the small study: full-size ResNet-50 on the simulated H100 and A100 (GPU 0 of each node) shows the
