@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from gpuprobe import __version__
+from gpuprobe.agent.resolution import aggregate_one
 from gpuprobe.agent.uplink import first_choice
 from gpuprobe.backoff import Backoff
 from gpuprobe.v1 import common_pb2, telemetry_pb2
@@ -176,54 +177,13 @@ class SampleFactory:
         return batch
 
 
-# the counter and the static field: their last value, in `mean` only (as the agent's agent/resolution.py)
-_LAST_IN_MEAN = ("energy_j", "mem_total_bytes")
-_AGGREGATE_FIELDS = tuple(
-    fd.name
-    for fd in telemetry_pb2.GpuSample.DESCRIPTOR.fields
-    if fd.has_presence and fd.name not in (*_LAST_IN_MEAN, "clock_event_reasons") and fd.number <= 18
-)
-_INTEGER_FIELDS = frozenset(
-    fd.name for fd in telemetry_pb2.GpuSample.DESCRIPTOR.fields if fd.cpp_type != fd.CPPTYPE_DOUBLE
-)
-
-
 def aggregate(
     samples: Sequence[telemetry_pb2.GpuSample], start_ns: int, interval_ms: int, index: int
 ) -> telemetry_pb2.GpuAggregate:
-    """The ``GpuAggregate`` of one GPU's per-tick ``samples`` over one interval (see
-    :meth:`SampleFactory.aggregate_batch` for the rules)."""
-    mean, low, high, last = (telemetry_pb2.GpuSample() for _ in range(4))
-    for name in _AGGREGATE_FIELDS:
-        values = [getattr(s, name) for s in samples if s.HasField(name)]
-        if not values:
-            continue
-        average = sum(values) / len(values)
-        setattr(mean, name, round(average) if name in _INTEGER_FIELDS else average)
-        setattr(low, name, min(values))
-        setattr(high, name, max(values))
-        setattr(last, name, values[-1])
-    for name in _LAST_IN_MEAN:
-        values = [getattr(s, name) for s in samples if s.HasField(name)]
-        if values:
-            setattr(mean, name, values[-1])
-    reasons = [s.clock_event_reasons for s in samples if s.HasField("clock_event_reasons")]
-    if reasons:
-        combined = 0
-        for value in reasons:
-            combined |= value
-        mean.clock_event_reasons = combined
-        last.clock_event_reasons = reasons[-1]
-    return telemetry_pb2.GpuAggregate(
-        start_unix_ns=start_ns,
-        interval_ms=interval_ms,
-        gpu_index=index,
-        sample_count=len(samples),
-        mean=mean,
-        min=low,
-        max=high,
-        last=last,
-    )
+    """The ``GpuAggregate`` of one GPU's per-tick ``samples`` over one interval, made by the agent's own
+    :func:`gpuprobe.agent.resolution.aggregate_one` (see :meth:`SampleFactory.aggregate_batch` for the rules)."""
+    rows = [{field.name: value for field, value in s.ListFields()} for s in samples]
+    return aggregate_one(index, start_ns, interval_ms * 1_000_000, rows)
 
 
 # What grpc.aio reports when a write fails because the stream ended under it: the client library
