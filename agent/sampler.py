@@ -9,11 +9,13 @@ PCIe throughput is read once per ``pcie_interval_s`` per GPU (on real GPUs each 
 measures for ~20 ms), spread over the ticks so that at most ``ceil(GPUs / ticks per interval)`` GPUs
 pay it on one tick; it is added to that GPU's sample of that tick.
 
-The health reads (``health_interval_s``, 1 s by default; 0: none) are spread the same way: GPU ``i``
-on the ticks ``n`` with ``n % k == i % k`` (``k`` ticks per health interval). They add the health
-counters, GPM and NVLink totals to that tick's sample, make the GPU's NVLink, MIG and process
-samples (a link's point when its error counters moved, else once a minute; the GPU's NVLink
-throughput totals are in every health sample), feed the health tracker
+The health reads (``health_interval_s``, 1 s by default; 0: none) are all made on one tick per interval,
+every GPU in turn right after the hot path (the ticks ``n`` with ``n % k == 0``, ``k`` ticks per health
+interval). Made together, their code and NVML's stay in the CPU's caches: half the CPU of one GPU per
+tick. That tick runs longer (a few ms on real GPUs), after its samples were stamped and read, so no
+sample's time moves. They add the health counters, GPM and NVLink totals to that tick's sample, make the
+GPU's NVLink, MIG and process samples (a link's point when its error counters moved, else once a minute;
+the GPU's NVLink throughput totals are in every health sample), feed the health tracker
 (:mod:`gpuprobe.agent.health`) and put its verdict into the sample (``health``, ``health_reason``).
 The other ticks stay the plain hot path.
 
@@ -167,11 +169,9 @@ class Sampler:
             return []
         samples = gpus.read_all(self._pcie_every, n % self._pcie_every)
         every = self._health_every
-        if every:
-            slot = n % every
+        if every and n % every == 0:
             for sample in samples:
-                if sample["gpu_index"] % every == slot:
-                    self._health(gpus, sample)
+                self._health(gpus, sample)
         self._batcher.add_gpu(samples)
         self._taken += len(samples)
         self.latest = samples

@@ -179,6 +179,12 @@ def test_health_fields_once_a_second_and_absent_where_unsupported(
         for s in samples:
             assert s.health == HEALTHY and s.health_reason == ""
             assert not s.HasField("pcie_replay_count") or s.pcie_replay_count >= 0
+    # every GPU's health reads are made on the same tick (the first of each second), so the GPUs' health
+    # fields line up in time: each health sample of GPU 0 has one of GPUs 1 and 2 within that tick
+    ticks_ns = [sorted(s.time_unix_ns for s in health_samples(batches, g)) for g in (0, 1, 2)]
+    for t_ns in ticks_ns[0][:-1]:  # the last one's tick may have been cut by the stop
+        for other in ticks_ns[1:]:
+            assert min(abs(t_ns - o) for o in other) < 50_000_000, (ticks_ns, "not on one tick")
     h100, a100, rtx = (health_samples(batches, g)[-1] for g in (0, 1, 2))
     assert h100.HasField("ecc_uncorrected_volatile") and h100.ecc_uncorrected_volatile == 0
     assert h100.HasField("remap_pending") and not h100.remap_pending
