@@ -24,10 +24,12 @@ agent's GPU-samples are counted at the receiver (samples stamped inside the wind
 completed polls in the window times the GPU count. Usage::
 
     python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--rate-hz 10] [--warmup 5] [--health-interval 1]
-                                   [--resolution auto|full] [--per-thread]
+                                   [--resolution auto|full] [--per-thread] [--alone]
 
 With ``--resolution auto`` the agent ships aggregates: each counts the samples it holds. ``--per-thread``
-adds the agent's CPU per thread (by OS thread name) to the table and the JSON.
+adds the agent's CPU per thread (by OS thread name) to the table and the JSON. ``--alone`` runs the agent
+without the peers: the peers poll at 10 Hz too and evict the agent's code and data from the caches between
+its ticks, which the agent pays for after every wake-up.
 """
 
 from __future__ import annotations
@@ -199,6 +201,11 @@ def main() -> int:
         action="store_true",
         help="also give the agent's CPU per thread (the agent runs under a wrapper that names its OS threads)",
     )
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="run the agent without the peers (its figure without their competition for the CPUs and caches)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
@@ -267,7 +274,7 @@ def start_processes(
         ("nvitop", NVITOP_SETUP, NVITOP_POLL),
         ("floor: 1 call/GPU", FLOOR_SETUP, FLOOR_POLL),
     )
-    for name, setup, poll in peers:
+    for name, setup, poll in () if args.alone else peers:
         code = PEER_LOOP.format(setup=setup, poll=poll)
         procs.append(
             Measured(
@@ -331,7 +338,7 @@ def report(procs: list[Measured], args: argparse.Namespace, window_s: float) -> 
         f"{args.gpus} simulated {args.profile} GPUs at {args.rate_hz:g} Hz, {window_s:.1f} s window "
         f"after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs (shared)"
     )
-    floor_us = rows[-1]["cpu_us_per_gpu_sample"]
+    floor_us = rows[-1]["cpu_us_per_gpu_sample"] if len(rows) > 1 else 0.0  # --alone: no floor measured
     print(
         f"{'process':<18} {'CPU s':>6} {'% core':>7} {'GPU-samples':>11} {'CPU µs/GPU-sample':>17}"
         f" {'above floor':>11} {'RSS MiB median':>14} {'peak':>6} {'ratio':>6} {'ratio above floor':>17}"
@@ -339,7 +346,7 @@ def report(procs: list[Measured], args: argparse.Namespace, window_s: float) -> 
     for r in rows:
         ratio = r["cpu_us_per_gpu_sample"] / agent_row["cpu_us_per_gpu_sample"]
         above = r["cpu_us_per_gpu_sample"] - floor_us
-        ratio_above = above / (agent_row["cpu_us_per_gpu_sample"] - floor_us)
+        ratio_above = above / (agent_row["cpu_us_per_gpu_sample"] - floor_us) if floor_us else float("nan")
         r.update(ratio_vs_agent=ratio, above_floor_us=above, ratio_above_floor=ratio_above)
         print(
             f"{r['name']:<18} {r['cpu_s']:>6.2f} {r['core_pct']:>7.2f} {r['gpu_samples']:>11d}"
