@@ -131,6 +131,8 @@ typedef struct sim_gpu {
     int row_remapping; /* -1: absent from sim.conf (older gpuprobe), derived from the architecture */
     /* event history */
     char events_path[4096];
+    int events_fd;       /* kept open: reopening it for every tick cost two syscalls per GPU and tick */
+    pid_t events_fd_pid; /* the process that opened it (a forked child must not share its lock) */
     off_t events_read;
     char partial[256];
     size_t partial_len;
@@ -416,6 +418,7 @@ static int load_config(void) {
         if (g->mig_instances > MAX_MIG) g->mig_instances = MAX_MIG;
         g->index = i;
         snprintf(g->events_path, sizeof g->events_path, "%s/gpu%u.events", dir, i);
+        g->events_fd = -1;
         reset_state(g);
     }
     /* the machine starts with every GPU's every stage in equilibrium at idle */
@@ -445,13 +448,23 @@ static void add_event_line(sim_gpu *g, const char *line) {
 
 /* Reads new events under a shared lock and returns the time taken while still holding it. */
 static int64_t read_events(sim_gpu *g) {
-    int fd = open(g->events_path, O_RDONLY | O_CLOEXEC);
+    /* flock belongs to the open file description, which a forked child shares: the child opens its own */
+    pid_t pid = getpid();
+    if (g->events_fd >= 0 && g->events_fd_pid != pid) {
+        close(g->events_fd);
+        g->events_fd = -1;
+    }
+    if (g->events_fd < 0) {
+        g->events_fd = open(g->events_path, O_RDONLY | O_CLOEXEC);
+        g->events_fd_pid = pid;
+    }
+    int fd = g->events_fd;
     if (fd < 0) return now_ns();
     flock(fd, LOCK_SH);
     char buf[8192];
     ssize_t n;
-    if (lseek(fd, g->events_read, SEEK_SET) == g->events_read) {
-        while ((n = read(fd, buf, sizeof buf)) > 0) {
+    {
+        while ((n = pread(fd, buf, sizeof buf, g->events_read)) > 0) {
             g->events_read += n;
             for (ssize_t i = 0; i < n; i++) {
                 char c = buf[i];
@@ -467,7 +480,6 @@ static int64_t read_events(sim_gpu *g) {
     }
     int64_t t = now_ns();
     flock(fd, LOCK_UN);
-    close(fd);
     return t;
 }
 
