@@ -74,3 +74,31 @@ def test_processes_agree_on_every_tick(sim):
     # the overlap spans load changes, clock and temperature movement
     assert len({a[ts]["util"] for ts in common}) >= 5
     assert len({a[ts]["temp_c"] for ts in common}) >= 2
+
+
+FORKED = """
+import os
+N.nvmlDeviceGetPowerUsage(H[0])  # the parent's reader has the GPU's history open now
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    wait_ticks(H[0], 3)  # the load written after the fork is in force
+    util = N.nvmlDeviceGetUtilizationRates(H[0]).gpu
+    os.write(w, str(util).encode())
+    os._exit(0)
+os.close(w)
+set_load(0, 77)
+wait_ticks(H[0], 3)
+parent = N.nvmlDeviceGetUtilizationRates(H[0]).gpu
+child = int(os.read(r, 16) or b"-1")
+os.waitpid(pid, 0)
+emit({"parent": parent, "child": child})
+"""
+
+
+def test_a_forked_child_reads_the_same_machine(sim):
+    """A reader keeps each GPU's history open between ticks; a child forked after the first read opens
+    its own (a shared open file would share its lock), and both see a load written after the fork."""
+    machine = sim.machine("H100-SXM5-80GB", period_s=0.05)
+    assert sim.run(machine, FORKED) == {"parent": 77, "child": 77}
