@@ -7,6 +7,11 @@ A probe's window and phases come from the ``probe`` measurement (one point per p
 host: fields ``phase``, ``kind``, ``status``, ``workload``), or, where there are none, from the
 ``phase`` string of the ``trainer`` measurement. Several trainers on one node report the same phase
 change at slightly different times; the earliest counts.
+
+The ``probe``, ``trainer`` and ``gpu_info`` points are read from the ``events`` retention policy as
+well as the default one where the database has it (:mod:`gpuprobe.influx.eventreads`), so a probe
+stays findable for as long as ``events`` keeps it (400 days by default), not only the raw policy's
+7 days.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import numpy as np
 
 from gpuprobe.errors import DataError
 from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.eventreads import EventSources, event_sources, query_events
 from gpuprobe.influx.influxql import Series, quote_identifier, quote_string
 
 GPU_FIELDS = (
@@ -201,10 +207,16 @@ def _phases_from_points(points: list[tuple[int, str]], end_ns: int) -> list[Phas
     return phases
 
 
-def find_probe(client: InfluxClient, probe: str, hosts: Sequence[str] = ()) -> Window:
-    """The probe's window and per-host phases (``probe`` points, else ``trainer`` phases)."""
+def find_probe(
+    client: InfluxClient, probe: str, hosts: Sequence[str] = (), sources: EventSources | None = None
+) -> Window:
+    """The probe's window and per-host phases (``probe`` points, else ``trainer`` phases), from the
+    ``events`` policy and the default one (``sources``; None: asked)."""
+    sources = event_sources(client) if sources is None else sources
     where = f'"probe" = {quote_string(probe)}' + _host_filter(hosts)
-    answer = client.query(f'SELECT "phase", "kind", "status", "workload" FROM "probe" WHERE {where} GROUP BY "host"')
+    answer = query_events(
+        client, '"phase", "kind", "status", "workload"', "probe", f'WHERE {where} GROUP BY "host"', sources
+    )
     per_host: dict[str, list[tuple[int, str]]] = {}
     workload = status = None
     times: list[int] = []
@@ -219,8 +231,8 @@ def find_probe(client: InfluxClient, probe: str, hosts: Sequence[str] = ()) -> W
             status = st or status
     source = "probe"
     if not per_host:
-        answer = client.query(
-            f'SELECT "phase", "samples_per_s" FROM "trainer" WHERE {where} GROUP BY "host", "workload"'
+        answer = query_events(
+            client, '"phase", "samples_per_s"', "trainer", f'WHERE {where} GROUP BY "host", "workload"', sources
         )
         for s in answer:
             host = s.tags.get("host", "")
@@ -231,9 +243,11 @@ def find_probe(client: InfluxClient, probe: str, hosts: Sequence[str] = ()) -> W
         source = "trainer"
     if not per_host:
         database = client.settings.database
-        raise NoDataError(f"no probe {probe!r} in database {database!r} (no `probe` or `trainer` points)")
+        raise NoDataError(
+            f"no probe {probe!r} in database {database!r} (no `probe` or `trainer` points in {sources.describe()})"
+        )
     start, end = min(times), max(times)
-    trainer_end = client.query(f'SELECT last("step") FROM "trainer" WHERE {where}')
+    trainer_end = query_events(client, 'last("step")', "trainer", f"WHERE {where}", sources)
     for s in trainer_end:
         end = max([end, *(int(t) for t in s.column("time"))])
     phases: dict[str, list[Phase]] = {}
@@ -272,12 +286,14 @@ def range_window(client: InfluxClient, start_ns: int, end_ns: int, hosts: Sequen
 EDGE_MARGIN_NS = 10 * 10**9
 
 
-def load(client: InfluxClient, window: Window) -> Dataset:
-    """Every series the models need, for the window's hosts.
+def load(client: InfluxClient, window: Window, sources: EventSources | None = None) -> Dataset:
+    """Every series the models need, for the window's hosts (``trainer`` and ``gpu_info`` from the
+    ``events`` policy and the default one: ``sources``; None: asked).
 
     GPU series reach ``EDGE_MARGIN_NS`` beyond the window on both sides, so the energy counter can be
     interpolated exactly at the window's edges; :meth:`GpuSeries.inside` cuts them to the window.
     """
+    sources = event_sources(client) if sources is None else sources
     where = _time_filter(window.start_ns, window.end_ns) + _host_filter(window.hosts)
     wide = _time_filter(window.start_ns - EDGE_MARGIN_NS, window.end_ns + EDGE_MARGIN_NS) + _host_filter(window.hosts)
     fields = ", ".join(quote_identifier(f) for f in GPU_FIELDS)
@@ -317,9 +333,12 @@ def load(client: InfluxClient, window: Window) -> Dataset:
     trainer = []
     probe_filter = "" if window.probe is None else f'"probe" = {quote_string(window.probe)} AND '
     trainer_where = probe_filter + where
-    for s in client.query(
-        f'SELECT "samples_per_s", "phase" FROM "trainer" WHERE {trainer_where}'
-        ' GROUP BY "host", "gpu", "workload", "device"'
+    for s in query_events(
+        client,
+        '"samples_per_s", "phase"',
+        "trainer",
+        f'WHERE {trainer_where} GROUP BY "host", "gpu", "workload", "device"',
+        sources,
     ):
         trainer.append(
             TrainerSeries(
@@ -332,16 +351,21 @@ def load(client: InfluxClient, window: Window) -> Dataset:
                 device=s.tags.get("device", ""),
             )
         )
-    return Dataset(window=window, gpus=gpus, acoustic=acoustic, trainer=trainer, gpu_info=load_gpu_info(client, window))
+    gpu_info = load_gpu_info(client, window, sources)
+    return Dataset(window=window, gpus=gpus, acoustic=acoustic, trainer=trainer, gpu_info=gpu_info)
 
 
-def load_gpu_info(client: InfluxClient, window: Window) -> list[GpuInfoPoint]:
-    """Each GPU's latest reported slowdown threshold (``gpu_info``) in or before the window."""
+def load_gpu_info(client: InfluxClient, window: Window, sources: EventSources | None = None) -> list[GpuInfoPoint]:
+    """Each GPU's latest reported slowdown threshold (``gpu_info``) in or before the window (a point
+    per policy that has one: :meth:`Dataset.reported_slowdown_c` takes the latest)."""
     where = f"time <= {int(window.end_ns)}" + _host_filter(window.hosts)
     out = []
-    answer = client.query(
-        f'SELECT last("temp_slowdown_c") AS "temp_slowdown_c" FROM "gpu_info" WHERE {where}'
-        ' GROUP BY "host", "gpu", "uuid"'
+    answer = query_events(
+        client,
+        'last("temp_slowdown_c") AS "temp_slowdown_c"',
+        "gpu_info",
+        f'WHERE {where} GROUP BY "host", "gpu", "uuid"',
+        sources,
     )
     for s in answer:
         for t, value in zip(s.column("time"), _floats(s, "temp_slowdown_c"), strict=True):

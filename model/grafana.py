@@ -11,7 +11,9 @@ Conventions every query follows (the tests rely on them):
 - raw InfluxQL (``rawQuery``), the data source ``gpuprobe-influxdb`` (provisioned by
   ``deploy/grafana/provisioning/datasources/gpuprobe.yaml``);
 - a template variable only ever appears as ``/^$name$/`` (Grafana writes a regex of the chosen
-  values there, escaped), and every query has ``$timeFilter``;
+  values there, escaped), and every query has ``$timeFilter``; the two exceptions are retention
+  policies: ``"$rp"."gpu"``/``"$rp"."node"`` (raw or a rollup) and ``"$erp"."probe"`` for the event
+  measurements ``probe``, ``trainer``, ``gpu_event`` and ``model`` (``events`` where it exists);
 - ``$__interval`` for the GROUP BY time of time series; subqueries repeat ``$timeFilter`` outside.
 """
 
@@ -31,14 +33,17 @@ from gpuprobe.model.grafana_parts import (
     GPU_VAR,
     HOST,
     HOST_VAR,
+    MODEL_M,
     NODE_M,
     ONE_HOST_VAR,
     POWER_BITS,
     PROBE,
+    PROBE_M,
     PROBE_VAR,
     RP_VAR,
     TF,
     THERMAL_BITS,
+    TRAINER_M,
     Layout,
     dashboard,
     target,
@@ -200,7 +205,7 @@ def fleet() -> dict[str, Any]:
                 target(
                     'SELECT last("r_th_c_per_w") AS "R_th °C/W", last("tau_s") AS "τ s", last("t_amb_c") AS "T_amb '
                     '°C", '
-                    f'last("headroom_c") AS "headroom °C", last("outlier") AS "hotter" FROM "model" '
+                    f'last("headroom_c") AS "headroom °C", last("outlier") AS "hotter" FROM {MODEL_M} '
                     f'WHERE "kind" = \'thermal\' AND "gpu" != \'\' AND {where} GROUP BY "probe", "host", "gpu"',
                     fmt="table",
                 )
@@ -416,7 +421,7 @@ def gpu_thermal() -> dict[str, Any]:
             "stat",
             [
                 target(
-                    f'SELECT last("headroom_c") FROM "model" WHERE {model_where} GROUP BY "gpu"', alias="GPU $tag_gpu"
+                    f'SELECT last("headroom_c") FROM {MODEL_M} WHERE {model_where} GROUP BY "gpu"', alias="GPU $tag_gpu"
                 )
             ],
             w=8,
@@ -428,7 +433,7 @@ def gpu_thermal() -> dict[str, Any]:
             "stat",
             [
                 target(
-                    f'SELECT last("t_pred_at_limit_c") FROM "model" WHERE {model_where} GROUP BY "gpu"',
+                    f'SELECT last("t_pred_at_limit_c") FROM {MODEL_M} WHERE {model_where} GROUP BY "gpu"',
                     alias="GPU $tag_gpu",
                 )
             ],
@@ -440,12 +445,12 @@ def gpu_thermal() -> dict[str, Any]:
             "stat",
             [
                 target(
-                    f'SELECT last("thermal_throttled_s") FROM "model" WHERE {model_where} GROUP BY "gpu"',
+                    f'SELECT last("thermal_throttled_s") FROM {MODEL_M} WHERE {model_where} GROUP BY "gpu"',
                     "A",
                     alias="thermal GPU $tag_gpu",
                 ),
                 target(
-                    f'SELECT last("power_capped_s") FROM "model" WHERE {model_where} GROUP BY "gpu"',
+                    f'SELECT last("power_capped_s") FROM {MODEL_M} WHERE {model_where} GROUP BY "gpu"',
                     "B",
                     alias="power cap GPU $tag_gpu",
                 ),
@@ -463,7 +468,7 @@ def gpu_thermal() -> dict[str, Any]:
                     f'last("method") AS "fit", last("step_sim_rmse_c") AS "step RMS °C", '
                     f'last("arx_sim_rmse_c") AS "ARX RMS °C", last("power_limit_w") AS "limit W", '
                     f'last("t_pred_at_limit_c") AS "T_ss at limit °C", last("slowdown_c") AS "slowdown °C", '
-                    f'last("headroom_c") AS "headroom °C" FROM "model" WHERE {model_where} GROUP BY "probe", "gpu"',
+                    f'last("headroom_c") AS "headroom °C" FROM {MODEL_M} WHERE {model_where} GROUP BY "probe", "gpu"',
                     fmt="table",
                 )
             ],
@@ -555,7 +560,7 @@ def acoustics() -> dict[str, Any]:
                 target(
                     'SELECT last("idle_dba") AS "idle dBA", last("steady_dba") AS "steady dBA", last("max_dba") AS '
                     '"max dBA", '
-                    f'last("outlier") AS "louder" FROM "model" WHERE {model_where} AND "gpu" != \'\' '
+                    f'last("outlier") AS "louder" FROM {MODEL_M} WHERE {model_where} AND "gpu" != \'\' '
                     f'GROUP BY "probe", "host", "gpu"',
                     fmt="table",
                 )
@@ -569,7 +574,7 @@ def acoustics() -> dict[str, Any]:
                     f'SELECT last("mic_offset_db") AS "mic - proxy dB", last("mic_slope") AS "slope", '
                     'last("mic_intercept_db") AS "intercept dB", last("mic_r2") AS "R²", last("mic_rmse_db") AS "RMS '
                     'dB", '
-                    f'last("mic_pairs") AS "pairs" FROM "model" WHERE {model_where} AND "gpu" = \'\' GROUP BY '
+                    f'last("mic_pairs") AS "pairs" FROM {MODEL_M} WHERE {model_where} AND "gpu" = \'\' GROUP BY '
                     '"probe", "host"',
                     fmt="table",
                 )
@@ -596,7 +601,7 @@ def probe_efficiency() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT mean("samples_per_s") FROM "trainer" WHERE {PROBE} AND {HOST} AND {TF} '
+                    f'SELECT mean("samples_per_s") FROM {TRAINER_M} WHERE {PROBE} AND {HOST} AND {TF} '
                     f'{BY_TIME}, "host", "gpu" fill(null)',
                     alias="$tag_host GPU $tag_gpu",
                 )
@@ -614,7 +619,7 @@ def probe_efficiency() -> dict[str, Any]:
             "table",
             [
                 target(
-                    f'SELECT "phase", "kind", "status", "workload" FROM "probe" WHERE {PROBE} AND {HOST} AND {TF} '
+                    f'SELECT "phase", "kind", "status", "workload" FROM {PROBE_M} WHERE {PROBE} AND {HOST} AND {TF} '
                     f'GROUP BY "host"',
                     fmt="table",
                 )
@@ -627,7 +632,7 @@ def probe_efficiency() -> dict[str, Any]:
             "bargauge",
             [
                 target(
-                    f'SELECT last("samples_per_j") FROM "model" WHERE {eff} AND "gpu" != \'\' GROUP BY "host", "gpu"',
+                    f'SELECT last("samples_per_j") FROM {MODEL_M} WHERE {eff} AND "gpu" != \'\' GROUP BY "host", "gpu"',
                     alias="$tag_host GPU $tag_gpu",
                 )
             ],
@@ -638,12 +643,12 @@ def probe_efficiency() -> dict[str, Any]:
             "bargauge",
             [
                 target(
-                    f'SELECT last("probe_energy_j") FROM "model" WHERE {eff} AND "gpu" = \'\' GROUP BY "host"',
+                    f'SELECT last("probe_energy_j") FROM {MODEL_M} WHERE {eff} AND "gpu" = \'\' GROUP BY "host"',
                     "A",
                     alias="$tag_host whole probe",
                 ),
                 target(
-                    f'SELECT last("steady_energy_j") FROM "model" WHERE {eff} AND "gpu" = \'\' GROUP BY "host"',
+                    f'SELECT last("steady_energy_j") FROM {MODEL_M} WHERE {eff} AND "gpu" = \'\' GROUP BY "host"',
                     "B",
                     alias="$tag_host steady phase",
                 ),
@@ -655,8 +660,8 @@ def probe_efficiency() -> dict[str, Any]:
             "stat",
             [
                 target(
-                    f'SELECT sum("kg") FROM (SELECT last("kg_co2e") AS "kg" FROM "model" WHERE {eff} AND "gpu" != \'\' '
-                    f'GROUP BY "host", "gpu") WHERE {TF}'
+                    f'SELECT sum("kg") FROM (SELECT last("kg_co2e") AS "kg" FROM {MODEL_M} WHERE {eff} '
+                    f'AND "gpu" != \'\' GROUP BY "host", "gpu") WHERE {TF}'
                 )
             ],
             w=6,
@@ -669,7 +674,7 @@ def probe_efficiency() -> dict[str, Any]:
             "stat",
             [
                 target(
-                    f'SELECT sum("c") FROM (SELECT last("cost") AS "c" FROM "model" WHERE {eff} AND "gpu" != \'\' '
+                    f'SELECT sum("c") FROM (SELECT last("cost") AS "c" FROM {MODEL_M} WHERE {eff} AND "gpu" != \'\' '
                     f'GROUP BY "host", "gpu") WHERE {TF}'
                 )
             ],
@@ -683,7 +688,7 @@ def probe_efficiency() -> dict[str, Any]:
             "stat",
             [
                 target(
-                    f'SELECT last("idle_power_w") FROM "model" WHERE {eff} AND "gpu" = \'\' GROUP BY "host"',
+                    f'SELECT last("idle_power_w") FROM {MODEL_M} WHERE {eff} AND "gpu" = \'\' GROUP BY "host"',
                     alias="$tag_host",
                 )
             ],
@@ -700,7 +705,7 @@ def probe_efficiency() -> dict[str, Any]:
                     f'last("peak_power_w") AS "peak W", last("samples_per_j") AS "samples/J", '
                     f'last("j_per_sample") AS "J/sample", last("idle_power_w") AS "idle W", '
                     f'last("steady_energy_j") AS "steady J", last("probe_energy_j") AS "probe J", '
-                    f'last("kg_co2e") AS "kg CO2e", last("outlier") AS "less efficient" FROM "model" '
+                    f'last("kg_co2e") AS "kg CO2e", last("outlier") AS "less efficient" FROM {MODEL_M} '
                     f'WHERE {eff} AND "gpu" != \'\' GROUP BY "host", "gpu"',
                     fmt="table",
                 )
@@ -715,7 +720,7 @@ def probe_efficiency() -> dict[str, Any]:
                 target(
                     'SELECT last("r_th_c_per_w") AS "R_th °C/W", last("tau_s") AS "τ s", last("t_amb_c") AS "T_amb '
                     '°C", '
-                    f'last("headroom_c") AS "headroom °C" FROM "model" WHERE "kind" = \'thermal\' AND {PROBE} AND '
+                    f'last("headroom_c") AS "headroom °C" FROM {MODEL_M} WHERE "kind" = \'thermal\' AND {PROBE} AND '
                     f"{HOST} "
                     f'AND "gpu" != \'\' AND {TF} GROUP BY "host", "gpu"',
                     fmt="table",
@@ -736,9 +741,11 @@ def probe_efficiency() -> dict[str, Any]:
 
 
 STUDY_VAR = variable(
-    "probe", 'SHOW TAG VALUES FROM "model" WITH KEY = "probe" WHERE "kind" = \'study\'', "study", multi=False
+    "probe", f'SHOW TAG VALUES FROM {MODEL_M} WITH KEY = "probe" WHERE "kind" = \'study\'', "study", multi=False
 )
-STUDY_HOST_VAR = variable("host", 'SHOW TAG VALUES FROM "probe" WITH KEY = "host" WHERE "probe" =~ /^$probe$/', "host")
+STUDY_HOST_VAR = variable(
+    "host", f'SHOW TAG VALUES FROM {PROBE_M} WITH KEY = "host" WHERE "probe" =~ /^$probe$/', "host"
+)
 STUDY_GROUP = '"gpu_model", "instance_type", "virt", "region", "workload", "batch_size", "power_limit"'
 STUDY_ALIAS = "$tag_gpu_model $tag_virt $tag_instance_type $tag_workload b$tag_batch_size $tag_power_limit"
 
@@ -753,7 +760,7 @@ def study() -> dict[str, Any]:
             "bargauge",
             [
                 target(
-                    f'SELECT last("samples_per_j") FROM "model" WHERE {groups} GROUP BY {STUDY_GROUP}',
+                    f'SELECT last("samples_per_j") FROM {MODEL_M} WHERE {groups} GROUP BY {STUDY_GROUP}',
                     alias=STUDY_ALIAS,
                 )
             ],
@@ -765,7 +772,7 @@ def study() -> dict[str, Any]:
             "bargauge",
             [
                 target(
-                    f'SELECT last("samples_per_s") FROM "model" WHERE {groups} GROUP BY {STUDY_GROUP}',
+                    f'SELECT last("samples_per_s") FROM {MODEL_M} WHERE {groups} GROUP BY {STUDY_GROUP}',
                     alias=STUDY_ALIAS,
                 )
             ],
@@ -783,7 +790,7 @@ def study() -> dict[str, Any]:
                     'last("est_dba") AS "proxy dBA", last("cost_per_million_samples_usd") AS "USD per 1M samples", '
                     'last("virt_overhead_pct") AS "virt overhead %", last("gpus") AS "GPUs", '
                     'last("refusals") AS "refused", last("energy_optimal") AS "energy-optimal", '
-                    'last("time_optimal") AS "time-optimal", last("simulated") AS "simulated" FROM "model" '
+                    f'last("time_optimal") AS "time-optimal", last("simulated") AS "simulated" FROM {MODEL_M} '
                     f"WHERE {groups} GROUP BY {STUDY_GROUP}",
                     fmt="table",
                 )
@@ -798,12 +805,12 @@ def study() -> dict[str, Any]:
         "timeseries",
         [
             target(
-                f'SELECT mean("samples_per_s") FROM "trainer" WHERE {trainer} {BY_TIME}, "host", "gpu" fill(null)',
+                f'SELECT mean("samples_per_s") FROM {TRAINER_M} WHERE {trainer} {BY_TIME}, "host", "gpu" fill(null)',
                 "A",
                 alias="$tag_host GPU $tag_gpu samples/s",
             ),
             target(
-                f'SELECT max("point") FROM "trainer" WHERE {trainer} {BY_TIME}, "host" fill(null)',
+                f'SELECT max("point") FROM {TRAINER_M} WHERE {trainer} {BY_TIME}, "host" fill(null)',
                 "B",
                 alias="point $tag_host",
             ),
@@ -827,7 +834,7 @@ def study() -> dict[str, Any]:
         "xychart",
         [
             target(
-                f'SELECT "point", "samples_per_s" FROM "trainer" WHERE {trainer} AND "phase" = \'steady\' '
+                f'SELECT "point", "samples_per_s" FROM {TRAINER_M} WHERE {trainer} AND "phase" = \'steady\' '
                 'GROUP BY "host", "gpu"',
                 fmt="table",
             )
@@ -843,7 +850,7 @@ def study() -> dict[str, Any]:
             "table",
             [
                 target(
-                    f'SELECT "gpu", "point", "workload", "batch_size", "power_limit", "message" FROM "probe" WHERE '
+                    f'SELECT "gpu", "point", "workload", "batch_size", "power_limit", "message" FROM {PROBE_M} WHERE '
                     f'{PROBE} AND {HOST} AND "kind" = \'point_refused\' AND {TF} GROUP BY "host"',
                     fmt="table",
                 )
@@ -856,7 +863,7 @@ def study() -> dict[str, Any]:
             [
                 target(
                     'SELECT "kind", "phase", "status", "gpu", "point", "batch_size", "power_limit", "power_limit_w", '
-                    f'"message" FROM "probe" WHERE {PROBE} AND {HOST} AND {TF} GROUP BY "host"',
+                    f'"message" FROM {PROBE_M} WHERE {PROBE} AND {HOST} AND {TF} GROUP BY "host"',
                     fmt="table",
                 )
             ],

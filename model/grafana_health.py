@@ -9,7 +9,10 @@ Which retention policy a query reads: the continuous queries of ``--init-db`` ro
 listed in :data:`gpuprobe.influx.retention.GPU_10S`, and none of the health fields (ECC, remapping,
 violations, GPM utilization, NVLink, ``health``) nor the health measurements. Those queries read the
 default (raw) policy, ``FROM "gpu"``; only ``util_pct`` reads ``"$rp"."gpu"``. Health panels are
-therefore empty for times older than the raw retention (a week by default).
+therefore empty for times older than the raw retention (a week by default), except the ``gpu_event``
+ones (the XID annotation, the event table and counts): they read ``"$erp"."gpu_event"``, the ``events``
+policy (400 days) where ``--init-db`` made it. The alert rules cannot use dashboard variables and look
+at the last minutes only: they read the default policy, which has every recent point.
 
 The alert rules use Grafana's file-provisioning format (``apiVersion: 1``, ``groups`` of ``rules``),
 one InfluxQL query per rule (refId ``A``, with ``$timeFilter``, whose span is the rule's
@@ -30,6 +33,7 @@ from gpuprobe.model.grafana_parts import (
     BY_TIME,
     DATASOURCE,
     GPU,
+    GPU_EVENT_M,
     GPU_M,
     GPU_VAR,
     HOST,
@@ -56,7 +60,7 @@ XID_ANNOTATION = {
     "datasource": DATASOURCE,
     "enable": True,
     "iconColor": "red",
-    "query": 'SELECT "text", "xid", "host", "gpu" FROM "gpu_event" WHERE "kind" = \'xid\' AND $timeFilter',
+    "query": f'SELECT "text", "xid", "host", "gpu" FROM {GPU_EVENT_M} WHERE "kind" = \'xid\' AND $timeFilter',
     "textColumn": "text",
     "tagsColumn": "host,gpu",
 }
@@ -143,7 +147,7 @@ def gpu_health_dashboard() -> dict[str, Any]:
             "table",
             [
                 target(
-                    'SELECT "kind", "xid", "data", "text", "gpu_instance" FROM "gpu_event" '
+                    f'SELECT "kind", "xid", "data", "text", "gpu_instance" FROM {GPU_EVENT_M} '
                     f"WHERE {where} GROUP BY {per_gpu} ORDER BY time DESC",
                     fmt="table",
                 )
@@ -158,13 +162,13 @@ def gpu_health_dashboard() -> dict[str, Any]:
             "timeseries",
             [
                 target(
-                    f'SELECT count("xid") FROM "gpu_event" WHERE "kind" = \'xid\' AND {where} {BY_TIME}, {per_gpu} '
+                    f'SELECT count("xid") FROM {GPU_EVENT_M} WHERE "kind" = \'xid\' AND {where} {BY_TIME}, {per_gpu} '
                     "fill(none)",
                     "A",
                     alias=f"XID {gpu_alias}",
                 ),
                 target(
-                    f'SELECT count("data") FROM "gpu_event" WHERE "kind" != \'xid\' AND {where} {BY_TIME}, '
+                    f'SELECT count("data") FROM {GPU_EVENT_M} WHERE "kind" != \'xid\' AND {where} {BY_TIME}, '
                     f'"kind", {per_gpu} fill(none)',
                     "B",
                     alias=f"$tag_kind {gpu_alias}",

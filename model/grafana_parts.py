@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuprobe.influx.retention import rp_variable_query
+from gpuprobe.influx.retention import EVENTS_RP, rp_variable_query
 
 DATASOURCE = {"type": "influxdb", "uid": "gpuprobe-influxdb"}
 SCHEMA_VERSION = 39
@@ -21,6 +21,12 @@ POWER_BITS = 0x04 | 0x80  # SW power cap, HW power brake
 # rollup_1m (gpuprobe collector --init-db; docs/dashboards.md). The rollups keep the raw field names.
 GPU_M = '"$rp"."gpu"'
 NODE_M = '"$rp"."node"'
+# the event measurements (probe, trainer, gpu_info, gpu_event, model) in the policy the $erp variable
+# names: `events` (kept 400 days) where --init-db made it, else the default policy (docs/dashboards.md)
+PROBE_M = '"$erp"."probe"'
+TRAINER_M = '"$erp"."trainer"'
+GPU_EVENT_M = '"$erp"."gpu_event"'
+MODEL_M = '"$erp"."model"'
 
 
 def target(query: str, ref: str = "A", fmt: str = "time_series", alias: str = "") -> dict[str, Any]:
@@ -127,20 +133,43 @@ def variable(name: str, query: str, label: str, *, multi: bool = True) -> dict[s
 RP_VAR = variable("rp", rp_variable_query(), "data", multi=False)
 RP_VAR["sort"] = 0  # one value: the policy for the range's length
 RP_VAR["description"] = "raw samples, 10 s or 1 min rollups, by the length of the time range (rp_config)"
+# SHOW RETENTION POLICIES is the one InfluxQL statement that tells whether a policy exists without failing
+# when it does not: Grafana's InfluxDB data source takes its first column (the names) for a variable and
+# the regex keeps `events`. A database without it leaves the variable without options, which Grafana
+# substitutes as "" ("None"), and FROM ""."probe" is InfluxDB's default policy: the raw data, as before.
+# A constant `events` would break every event query on such a database (retention policy not found).
+ERP_VAR = variable("erp", "SHOW RETENTION POLICIES", "events from", multi=False)
+ERP_VAR["regex"] = f"/^{EVENTS_RP}$/"
+ERP_VAR["refresh"] = 1  # on dashboard load: policies do not change with the time range
+ERP_VAR["sort"] = 0
+ERP_VAR["hide"] = 2  # one value, nothing to choose
+ERP_VAR["description"] = (
+    "the retention policy of probe, trainer, gpu_info, gpu_event and model: events (400 days) where "
+    "gpuprobe collector --init-db made it, else the default policy"
+)
 HOST_VAR = variable("host", f'SHOW TAG VALUES FROM {GPU_M} WITH KEY = "host"', "host")
 ONE_HOST_VAR = variable("host", f'SHOW TAG VALUES FROM {GPU_M} WITH KEY = "host"', "host", multi=False)
 GPU_VAR = variable("gpu", f'SHOW TAG VALUES FROM {GPU_M} WITH KEY = "gpu" WHERE "host" =~ /^$host$/', "gpu")
-PROBE_VAR = variable("probe", 'SHOW TAG VALUES FROM "probe" WITH KEY = "probe"', "probe", multi=False)
+PROBE_VAR = variable("probe", f'SHOW TAG VALUES FROM {PROBE_M} WITH KEY = "probe"', "probe", multi=False)
 
 PHASE_ANNOTATION = {
     "name": "probe phases",
     "datasource": DATASOURCE,
     "enable": True,
     "iconColor": "#8ab8ff",
-    "query": 'SELECT "phase", "kind", "host" FROM "probe" WHERE $timeFilter',
+    "query": f'SELECT "phase", "kind", "host" FROM {PROBE_M} WHERE $timeFilter',
     "textColumn": "phase",
     "tagsColumn": "host",
 }
+
+
+def with_erp(variables: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The variables with ``$erp`` added (after ``$rp``, before the variables that read it): every
+    dashboard has the probe-phase annotation, which reads ``"$erp"."probe"``."""
+    if any(v["name"] == ERP_VAR["name"] for v in variables):
+        return variables
+    at = 1 if variables and variables[0]["name"] == RP_VAR["name"] else 0
+    return [*variables[:at], ERP_VAR, *variables[at:]]
 
 
 def dashboard(
@@ -163,7 +192,7 @@ def dashboard(
         "version": 1,
         "refresh": "10s",
         "time": {"from": time_from, "to": "now"},
-        "templating": {"list": variables},
+        "templating": {"list": with_erp(variables)},
         "annotations": {"list": [PHASE_ANNOTATION]},
         "links": [{"type": "dashboards", "tags": ["gpuprobe"], "asDropdown": True, "title": "gpuprobe"}],
         "panels": panels,

@@ -11,6 +11,11 @@
    each window is reduced at once (:func:`gpuprobe.study.analysis.window_stats`), so memory stays
    bounded by one span of one host.
 
+The ``probe`` and ``trainer`` points are read from the ``events`` retention policy as well as the
+default one where the database has it (:mod:`gpuprobe.influx.eventreads`), so a study stays findable
+for as long as ``events`` keeps it (400 days by default), not only the raw policy's 7 days; the
+``gpu`` and ``acoustic`` samples are read from the default (raw) policy only.
+
 Nothing here knows whether a GPU is simulated: simulated GPUs are read exactly like real ones.
 """
 
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.eventreads import EventSources, event_sources, query_events
 from gpuprobe.influx.influxql import Series, quote_identifier, quote_string
 from gpuprobe.model.data import NoDataError
 from gpuprobe.study.analysis import (
@@ -118,12 +124,15 @@ def _floats(series: Series, name: str) -> np.ndarray:
     )
 
 
-def read_events(client: InfluxClient, study: str, hosts: Sequence[str] = ()) -> tuple[list[Event], dict[str, Node]]:
-    """The study's ``probe`` events and its nodes' identity tags; :class:`NoDataError` naming the
-    database when there are none."""
+def read_events(
+    client: InfluxClient, study: str, hosts: Sequence[str] = (), sources: EventSources | None = None
+) -> tuple[list[Event], dict[str, Node]]:
+    """The study's ``probe`` events (from the ``sources``; None: asked) and its nodes' identity tags;
+    :class:`NoDataError` naming the database when there are none."""
+    sources = event_sources(client) if sources is None else sources
     fields = ", ".join(quote_identifier(f) for f in EVENT_FIELDS)
-    answer = client.query(
-        f'SELECT {fields} FROM "probe" WHERE "probe" = {quote_string(study)}{_host_filter(hosts)} GROUP BY *'
+    answer = query_events(
+        client, fields, "probe", f'WHERE "probe" = {quote_string(study)}{_host_filter(hosts)} GROUP BY *', sources
     )
     events: list[Event] = []
     tags: dict[str, dict[str, str]] = {}
@@ -155,7 +164,7 @@ def read_events(client: InfluxClient, study: str, hosts: Sequence[str] = ()) -> 
         where = f" on hosts {', '.join(hosts)}" if hosts else ""
         raise NoDataError(
             f"no study {study!r} in database {client.settings.database!r}: no `probe` events with "
-            f"probe = {study!r}{where}"
+            f"probe = {study!r}{where} in {sources.describe()}"
         )
     events.sort(key=lambda e: (e.t_ns, e.host, gpu_order(e.gpu)))
     nodes = {}
@@ -186,14 +195,17 @@ class Throughput:
 
 
 def read_throughput(
-    client: InfluxClient, study: str, host: str, since_ns: int = 0
+    client: InfluxClient, study: str, host: str, since_ns: int = 0, sources: EventSources | None = None
 ) -> dict[tuple[str, str, int], Throughput]:
     """Mean ``samples_per_s`` of the steady reports per (host, GPU, point), with the ``device`` tags
-    (reports from ``since_ns`` on: the study's first event)."""
-    answer = client.query(
-        f'SELECT "samples_per_s", "point" FROM "trainer" WHERE "probe" = {quote_string(study)} AND '
-        f'"phase" = \'steady\' AND "host" = {quote_string(host)} AND time >= {int(since_ns)} '
-        'GROUP BY "gpu", "device", "workload"'
+    (reports from ``since_ns`` on: the study's first event; from the ``sources``, None: asked)."""
+    answer = query_events(
+        client,
+        '"samples_per_s", "point"',
+        "trainer",
+        f'WHERE "probe" = {quote_string(study)} AND "phase" = \'steady\' AND "host" = {quote_string(host)} '
+        f'AND time >= {int(since_ns)} GROUP BY "gpu", "device", "workload"',
+        sources,
     )
     rates: dict[tuple[str, str, int], list[float]] = {}
     devices: dict[tuple[str, str, int], set[str]] = {}
@@ -309,14 +321,15 @@ def load_study(
     """Everything a report needs, read and reduced; :class:`NoDataError` for an unknown study."""
     say = progress or _quiet
     database = client.settings.database
-    say(f"reading the events of study {study!r} (database {database!r})")
-    events, nodes = read_events(client, study, hosts)
+    sources = event_sources(client)
+    say(f"reading the events of study {study!r} (database {database!r}, {sources.describe()})")
+    events, nodes = read_events(client, study, hosts, sources)
     start_ns, end_ns = events[0].t_ns, events[-1].t_ns
     host_names = sorted(nodes)
     throughput: dict[tuple[str, str, int], Throughput] = {}
     for i, host in enumerate(host_names, 1):
         say(f"reading throughput (trainer): {host} ({i}/{len(host_names)})")
-        throughput.update(read_throughput(client, study, host, start_ns - EDGE_MARGIN_NS))
+        throughput.update(read_throughput(client, study, host, start_ns - EDGE_MARGIN_NS, sources))
     if throughput:
         end_ns = max(end_ns, *(t.last_ns for t in throughput.values()))
     windows = steady_windows(events, {key: t.last_ns for key, t in throughput.items()})

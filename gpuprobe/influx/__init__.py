@@ -9,6 +9,7 @@ dashboards' tests and the development servers all use it.
 - :mod:`.client`: a synchronous v1 client (query, write, ping) on httpx.
 - :mod:`.retention`: retention policies, 10 s and 1 min rollups and their continuous queries
   (``gpuprobe collector --init-db``), and the ``rp_config`` the dashboards pick a policy from.
+- :mod:`.eventreads`: reading the event measurements from the ``events`` policy and the default one.
 
 The writer and the client need orjson and httpx, which the ``collector`` and ``model`` extras carry;
 a GPU node imports only :mod:`.storable` (its agent checks its identity labels as the collector

@@ -14,7 +14,8 @@ What :func:`init_db` sets up, idempotently (run it again: it changes only what d
   :data:`EVENT_MEASUREMENTS` (probes, trainer progress, GPU inventory and events, model results).
   When it is created, what the raw policy holds of them is copied into it. Writers find it with
   :func:`events_policy` and write those points into it *as well as* into the database's default
-  policy, where today's readers (dashboards, ``gpuprobe model``, ``study``) query them.
+  policy. ``gpuprobe model`` and ``study`` read both and merge them (:mod:`.eventreads`); the
+  dashboards read ``events`` through their ``$erp`` variable.
 
 A continuous query is a scheduled ``SELECT ... INTO``: :func:`backfill` runs the same statements over
 a time range, for data that arrived after its windows were computed (an agent's spool replayed after

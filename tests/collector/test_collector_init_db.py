@@ -346,8 +346,8 @@ def test_probe_points_go_to_the_events_policy_too_and_readers_still_find_them(
 ) -> None:
     """Before --init-db the collector writes probe points into the default policy only; --init-db
     creates ``events`` and copies them there; a collector started afterwards writes them into both,
-    and ``gpuprobe model``'s probe query and the dashboards' probe annotation (default policy) still
-    find every probe, while ``events`` keeps them for 400 days."""
+    and ``gpuprobe model``'s probe query and the dashboards' probe annotation (both reading ``events``)
+    find every probe, which ``events`` keeps for 400 days."""
     import asyncio
 
     from collector_helpers import collector_config, running
@@ -405,12 +405,11 @@ def test_probe_points_go_to_the_events_policy_too_and_readers_still_find_them(
     with InfluxClient(InfluxSettings(url=influxdb.server.url, database=influxdb.name)) as reader:
         for probe in ("before", "after"):  # gpuprobe model's reader
             assert find_probe(reader, probe).hosts == [f"node-{probe}"]
-        # the dashboards' annotations of probe phases and XIDs, as generated
+        # the dashboards' annotations of probe phases and XIDs, as generated, with $erp = events
         span = "time > now() - 1h"
-        phases = reader.query(str(PHASE_ANNOTATION["query"]).replace("$timeFilter", span))
-        assert len(phases[0].values) == 2
-        xids = reader.query(str(XID_ANNOTATION["query"]).replace("$timeFilter", span))
-        assert len(xids[0].values) == 2
+        for annotation in (PHASE_ANNOTATION, XID_ANNOTATION):
+            query = str(annotation["query"]).replace("$timeFilter", span).replace('"$erp".', f'"{EVENTS_RP}".')
+            assert len(reader.query(query)[0].values) == 2, query
         assert events_policy(reader) == EVENTS_RP
         # gpuprobe model and study write their results the same way
         written = write_with_events(reader, f"model,probe=after,kind=thermal,host=h r_th=0.1 {time.time_ns()}\n")

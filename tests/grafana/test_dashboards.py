@@ -11,6 +11,12 @@ The retention policy variable ``$rp`` (``"$rp"."gpu"``) is given each policy in 
 database without ``--init-db``: the default policy), the raw policy, and the two rollups, which hold
 what the continuous queries of ``gpuprobe collector --init-db`` computed from the probe's data;
 ``$__interval`` is then the rollup's resolution. A query that reads ``$rp`` must return data from each.
+
+The event measurements (``probe``, ``trainer``, ``gpu_event``, ``model``) are read from ``"$erp"``,
+whose value comes from its own ``SHOW RETENTION POLICIES`` as Grafana takes it (the names, filtered by
+the variable's regex; none: ``""``, the default policy): ``events`` in the databases set up by
+``--init-db`` (the probe's and the GPU health fleet's, whose points ``--init-db`` copied there), the
+default policy in the study's.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from simprobe import ProbeRun
 from study_synthetic import H100, L4, StudyRun
 
 from gpuprobe.devservices import InfluxDBError
-from gpuprobe.influx.retention import rp_variable_query
+from gpuprobe.influx.retention import EVENT_MEASUREMENTS, EVENTS_RP, rp_variable_query
 from gpuprobe.model import grafana, grafana_parts
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -35,6 +41,8 @@ DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
 VARIABLE = re.compile(r"\$(\w+)")
 GRAFANA_REGEX_SPECIALS = re.compile(r"[\\^$*+?.()|\[\]{}/]")
+#: a FROM of an event measurement in the default policy, where dashboards must read "$erp"
+EVENT_FROM = re.compile(r'FROM "(' + "|".join(EVENT_MEASUREMENTS) + ')"')
 
 
 def load_dashboards() -> dict[str, dict[str, Any]]:
@@ -71,8 +79,9 @@ RP_INTERVALS = {"": "1s", "autogen": "1s", "rollup_10s": "10s", "rollup_1m": "1m
 
 def substitute(query: str, values: dict[str, list[str]], time_filter: str) -> str:
     (rp,) = values.get("rp", [""])
+    (erp,) = values.get("erp", [""])
     text = query.replace("$timeFilter", time_filter).replace("$__interval", RP_INTERVALS[rp])
-    text = text.replace('"$rp".', f'"{rp}".')
+    text = text.replace('"$rp".', f'"{rp}".').replace('"$erp".', f'"{erp}".')
     for ms in re.finditer(r"time >= (\d+)ms and time <= (\d+)ms", time_filter):
         text = text.replace("${__from}", ms.group(1)).replace("${__to}", ms.group(2))
     for name, chosen in values.items():
@@ -105,8 +114,7 @@ def variable_combinations(
             options.append([("rp", [rp])])
             continue
         query = substitute(var["query"], resolved, time_filter)
-        answer = run.server.query(run.db, query)
-        values = sorted({str(row[1]) for s in answer for row in s.values})
+        values = variable_values(var, run.server.query(run.db, query))
         assert values, f"variable ${var['name']} has no values: {query}"
         resolved[var["name"]] = values
         if var["multi"]:
@@ -114,6 +122,20 @@ def variable_combinations(
         else:
             options.append([(var["name"], [v]) for v in values])
     return [dict(combo) for combo in itertools.product(*options)]
+
+
+def variable_values(var: dict[str, Any], answer: list[Any]) -> list[str]:
+    """A query variable's values as Grafana's InfluxDB data source makes them: the second column (the tag
+    value of SHOW TAG VALUES), but the first (the name) for SHOW RETENTION POLICIES; kept when the
+    variable's regex matches; none at all is the value "" (Grafana's "None")."""
+    first = var["query"].upper().startswith("SHOW RETENTION POLICIES")
+    values = sorted({str(row[0] if first else row[1]) for s in answer for row in s.values})
+    if var.get("regex"):
+        pattern = re.compile(var["regex"].strip("/"))
+        values = [v for v in values if pattern.search(v)]
+    if not values and first:
+        return [""]
+    return values
 
 
 # the dashboards of one study read its report's `model` points (kind=study), which the simulated probe has not;
@@ -201,6 +223,10 @@ def test_dashboards_follow_the_query_conventions() -> None:
             if v["name"] == "rp":
                 assert v["query"] == rp_variable_query() and not v["multi"] and not v["includeAll"]
                 continue
+            if v["name"] == "erp":
+                assert v["query"] == "SHOW RETENTION POLICIES" and v["regex"] == f"/^{EVENTS_RP}$/"
+                assert not v["multi"] and not v["includeAll"]
+                continue
             assert v["query"].startswith("SHOW TAG VALUES FROM"), (name, v["name"])
             assert v["datasource"]["uid"] == grafana_parts.DATASOURCE["uid"]
         ids = [p["id"] for p in panels_of(d)]
@@ -213,13 +239,20 @@ def test_dashboards_follow_the_query_conventions() -> None:
             assert panel["targets"], f"{name}: panel {panel['title']!r} has no query"
             for t in panel["targets"]:
                 assert t["rawQuery"] and t["datasource"]["uid"] == grafana_parts.DATASOURCE["uid"]
+        for v in d["templating"]["list"]:  # the variables' queries read the events' policy too
+            assert not EVENT_FROM.search(v["query"]), f"{name}: ${v['name']} reads an event measurement without $erp"
         for where, query in queries_of(d):
+            assert not EVENT_FROM.search(query), f"{name}: {where} reads an event measurement without $erp"
             assert "$timeFilter" in query, f"{name}: {where} ignores the time range"
             used = {m for m in VARIABLE.findall(query) if m not in ("timeFilter", "__interval")}
             assert used <= variables, f"{name}: {where} uses undefined variables {used - variables}"
             if "rp" in used:  # only as the retention policy of a gpu or node query
                 assert query.count("$rp") == query.count('"$rp"."gpu"') + query.count('"$rp"."node"'), (name, where)
                 used.discard("rp")
+            if "erp" in used:  # only as the retention policy of an event measurement
+                in_erp = sum(query.count(f'"$erp"."{m}"') for m in EVENT_MEASUREMENTS)
+                assert query.count("$erp") == in_erp, (name, where)
+                used.discard("erp")
             for var in used:
                 assert query.count(f"/^${var}$/") == query.count(f"${var}"), f"{name}: {where}: ${var} outside /^$…$/"
 
@@ -241,10 +274,10 @@ def test_the_study_dashboard_shows_each_group_of_the_report(reported_study: Stud
     samples/J and samples/s, and its trainer panels the study's points."""
     run = reported_study
     dashboard = load_dashboards()["study.json"]
-    assert [v["name"] for v in dashboard["templating"]["list"]] == ["probe", "host"]
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["erp", "probe", "host"]
     time_filter = f"time >= {run.start_ns // 10**6 - 60_000}ms and time <= {run.end_ns // 10**6 + 60_000}ms"
     (values,) = variable_combinations(dashboard, run, time_filter)
-    assert values == {"probe": [run.study], "host": ["node-a", "node-b"]}
+    assert values == {"erp": [""], "probe": [run.study], "host": ["node-a", "node-b"]}  # no events: default
     panels = {p["title"]: p for p in panels_of(dashboard)}
 
     def answer(title: str) -> list[Any]:

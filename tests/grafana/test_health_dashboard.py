@@ -150,7 +150,7 @@ def test_health_queries_read_the_policy_that_has_their_fields() -> None:
             elif 'FROM "gpu"' in query:
                 assert fields - ROLLED_UP, (panel["title"], "rolled-up fields read from the raw policy only")
     variables = [v["name"] for v in health_dashboard()["templating"]["list"]]
-    assert variables == ["rp", "host", "gpu"]
+    assert variables == ["rp", "erp", "host", "gpu"]
 
 
 # --- alert rules -----------------------------------------------------------------------------------
