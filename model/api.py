@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuprobe import __version__
 from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.eventreads import event_sources
 from gpuprobe.influx.retention import write_with_events
 from gpuprobe.model.analysis import ModelSettings, Results, analyze
 from gpuprobe.model.data import Dataset, find_probe, load, range_window
@@ -42,12 +43,13 @@ def fit(settings: ModelSettings) -> tuple[Dataset, Results]:
     if not settings.probe and (settings.start_ns is None or settings.end_ns is None):
         raise ValueError("give a probe id, or both the start and the end of a time range")
     with InfluxClient(settings.influx, user_agent="gpuprobe-model") as client:
+        sources = event_sources(client)  # asked once: where the probe, trainer and gpu_info points are
         if settings.probe:
-            window = find_probe(client, settings.probe, settings.hosts)
+            window = find_probe(client, settings.probe, settings.hosts, sources)
         else:
             assert settings.start_ns is not None and settings.end_ns is not None
             window = range_window(client, settings.start_ns, settings.end_ns, settings.hosts)
-        dataset = load(client, window)
+        dataset = load(client, window, sources)
     return dataset, analyze(dataset, settings)
 
 
