@@ -463,18 +463,16 @@ static int64_t read_events(sim_gpu *g) {
     flock(fd, LOCK_SH);
     char buf[8192];
     ssize_t n;
-    {
-        while ((n = pread(fd, buf, sizeof buf, g->events_read)) > 0) {
-            g->events_read += n;
-            for (ssize_t i = 0; i < n; i++) {
-                char c = buf[i];
-                if (c == '\n') {
-                    g->partial[g->partial_len] = 0;
-                    add_event_line(g, g->partial);
-                    g->partial_len = 0;
-                } else if (g->partial_len < sizeof g->partial - 1) {
-                    g->partial[g->partial_len++] = c;
-                }
+    while ((n = pread(fd, buf, sizeof buf, g->events_read)) > 0) {
+        g->events_read += n;
+        for (ssize_t i = 0; i < n; i++) {
+            char c = buf[i];
+            if (c == '\n') {
+                g->partial[g->partial_len] = 0;
+                add_event_line(g, g->partial);
+                g->partial_len = 0;
+            } else if (g->partial_len < sizeof g->partial - 1) {
+                g->partial[g->partial_len++] = c;
             }
         }
     }
