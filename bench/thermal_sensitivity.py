@@ -6,14 +6,15 @@ holds on each (the performance model's, about 48 %), a warm-up at 70/93 of it, e
 same moment, time constants shortened as in that test. Its result is one draw: the readings are whole
 degrees, so where the temperature crosses each degree boundary, and with it the fit, depends on the
 sub-degree ambient. This replays the same scenario offline (``gpuprobe.sim.thermal.replay``: the
-simulator's own tick physics, the readings rounded as NVML reports them), shifts every GPU's ambient by
-each of ``--shifts``, fits the node with ``fit_thermal_node`` as ``gpuprobe model`` does (steady mask,
-second opinions as starting points), and prints each
-GPU's error against the simulator's ground truth. SIMULATED data, not a measurement of hardware.
+simulator's own tick physics, the die and memory readings rounded as NVML reports them, no memory reading
+on the RTX 4090 as on the GeForce part), shifts every GPU's ambient by each of ``--shifts``, fits the node
+with ``fit_thermal_node`` as ``gpuprobe model`` does (steady mask, second opinions as starting points,
+memory temperatures unless ``--without-memory``), and prints each GPU's error against the simulator's
+ground truth. SIMULATED data, not a measurement of hardware.
 
-    python bench/thermal_sensitivity.py --shifts 0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9
+    python bench/thermal_sensitivity.py --shifts 0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9 [--without-memory]
 
-About 40 s of CPU per shift on the development VM.
+About 18 s per shift on the development VM (10 s without the memory temperatures).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ PERIOD_NS = 100_000_000
 PHASES = [("idle", 45.0, 0.0), ("warmup", 12.0, 70 / 93), ("steady", 60.0, 1.0), ("cooldown", 75.0, 0.0)]
 
 
-def fit_at(shift_c: float) -> list[dict[str, object]]:
+def fit_at(shift_c: float, use_memory: bool = True) -> list[dict[str, object]]:
     profiles = []
     for i, name in enumerate(NAMES):
         o = dict(SHORT_TAUS, ambient_c=f"{PROFILES[name].ambient_c + shift_c:g}")
@@ -50,6 +51,9 @@ def fit_at(shift_c: float) -> list[dict[str, object]]:
     t_ns = np.array([r.k * PERIOD_NS for r in ticks], dtype=np.int64)
     power_w = np.array([r.powers_w for r in ticks])
     temp_c = np.array([r.readings_c for r in ticks], dtype=float)
+    # field 82 where the profile reports it (NOT_SUPPORTED on GeForce)
+    mem_c = np.array([r.mem_readings_c for r in ticks], dtype=float)
+    mem_c[:, [not p.mem_temp_supported for p in profiles]] = np.nan
     node_w = power_w.sum(axis=1)
     steady_from = int(sum(s for _, s, _ in PHASES[:2]) * 1e9 / PERIOD_NS)
     steady_to = steady_from + int(PHASES[2][1] * 1e9 / PERIOD_NS)
@@ -62,7 +66,15 @@ def fit_at(shift_c: float) -> list[dict[str, object]]:
         reasons = np.zeros(len(ticks), dtype=np.int64)
         inputs.append(
             ThermalInput(
-                t_ns, temp_c[:, i], power_w[:, i], reasons, False, node_w=node_w, fan_pct=fan, steady_mask=steady_mask
+                t_ns,
+                temp_c[:, i],
+                power_w[:, i],
+                reasons,
+                False,
+                node_w=node_w,
+                fan_pct=fan,
+                steady_mask=steady_mask,
+                mem_temp_c=mem_c[:, i] if use_memory and profiles[i].mem_temp_supported else None,
             )
         )
     fits = fit_thermal_node(inputs, holdout=0.3)
@@ -91,18 +103,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shifts", default="0,0.2,0.4,0.6,0.8", help="ambient shifts in degC, comma-separated")
     parser.add_argument("--json", help="write the results here too")
+    parser.add_argument(
+        "--without-memory",
+        action="store_true",
+        help="do not give the fit the memory temperature (field 82): the node's inlet from the dies alone",
+    )
     args = parser.parse_args()
     results = {}
     print("SIMULATED: fits of the replayed scenario; truth inlet tau 48 s, k_in 0.001 degC/W")
     for shift in (float(s) for s in args.shifts.split(",")):
-        rows = fit_at(shift)
+        rows = fit_at(shift, use_memory=not args.without_memory)
         results[f"{shift:g}"] = rows
         inlet = next((r for r in rows if r.get("tau_in_s")), None)
         head = f"ambient {shift:+.1f} C"
         if inlet:
             head += f" (inlet tau {inlet['tau_in_s']:.0f} s, k_in {inlet['k_in_c_per_w']:.4f})"
         cells = [
-            f"{r['gpu'][:5]} R {r['r_err']:+.1%} tau {r['tau_err']:+.1%}" if r["model"] else f"{r['gpu'][:5]} no fit"
+            f"{r['gpu'][:5]} R {r['r_err']:+.1%} tau {r['tau_err']:+.1%} T_amb {r['t_amb_err_c']:+.2f}"
+            if r["model"]
+            else f"{r['gpu'][:5]} no fit"
             for r in rows
         ]
         print(head + ": " + ", ".join(cells), flush=True)

@@ -220,6 +220,7 @@ def _thermal_input(ds: Dataset, wide: GpuSeries, s: ModelSettings) -> ThermalInp
         node_w=node_w if node_gpus >= 2 else None,
         fan_pct=g.field("fan_pct") if g.has("fan_pct") else None,
         steady_mask=mask_of(g.t_ns, steady) if steady else None,
+        mem_temp_c=g.field("mem_temp_c") if g.has("mem_temp_c") else None,
     )
 
 

@@ -36,6 +36,7 @@ GPU_FIELDS = (
     "power_limit_w",
     "util_pct",
     "fan_pct",
+    "mem_temp_c",
 )
 
 

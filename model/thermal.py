@@ -363,6 +363,7 @@ class ThermalInput:
     node_w: np.ndarray | None = None
     fan_pct: np.ndarray | None = None
     steady_mask: np.ndarray | None = None
+    mem_temp_c: np.ndarray | None = None  # the memory's temperature (NVML field 82), for the node's inlet
 
 
 def fit_thermal_node(inputs: list[ThermalInput], *, holdout: float = 0.3) -> list[ThermalFit]:
@@ -404,7 +405,7 @@ def _second_opinions(x: ThermalInput) -> tuple[ThermalFit, StagedInput | None]:
     """The step and ARX fits of one GPU, and its input to the stage models (None: too few samples)."""
     t_ns, temp_c, power_w, reasons = x.t_ns, x.temp_c, x.power_w, x.reasons
     power_is_average, resample_s, min_run_s = x.power_is_average, x.resample_s, x.min_run_s
-    node_w, fan_pct, steady_mask = x.node_w, x.fan_pct, x.steady_mask
+    node_w, fan_pct, steady_mask, mem_c = x.node_w, x.fan_pct, x.steady_mask, x.mem_temp_c
     result = ThermalFit(power_source="power_w" if power_is_average else "power_instant_w")
     ok = np.isfinite(temp_c) & np.isfinite(power_w)
     t_ns, temp_c, power_w = t_ns[ok], temp_c[ok], power_w[ok]
@@ -412,6 +413,7 @@ def _second_opinions(x: ThermalInput) -> tuple[ThermalFit, StagedInput | None]:
     node_w = node_w[ok] if node_w is not None else None
     fan_pct = fan_pct[ok] if fan_pct is not None else None
     steady_mask = steady_mask[ok] if steady_mask is not None else None
+    mem_c = mem_c[ok] if mem_c is not None else None
     if len(t_ns) < 20:
         result.notes.append("too few samples for a thermal fit")
         return result, None
@@ -493,7 +495,7 @@ def _second_opinions(x: ThermalInput) -> tuple[ThermalFit, StagedInput | None]:
         # the later half of the steady load: the fan where the load settles it (the spec's ground truth)
         steady_fan = float(np.median(fans[len(fans) // 2 :])) if len(fans) else None
     guesses = [(rc.r_th_c_per_w, rc.tau_s, rc.t_amb_c) for _, _, rc in candidates]
-    member = StagedInput(t_ns, temp_c, power_w, node_w, fan_pct, steady_fan, guesses)
+    member = StagedInput(t_ns, temp_c, power_w, node_w, fan_pct, steady_fan, guesses, mem_c)
     return result, member
 
 

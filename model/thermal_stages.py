@@ -30,9 +30,12 @@ The chosen model is then refitted on the whole window (starting from the held-ou
 simulation over the whole window gives ``fit_rmse_c``; ``holdout_rmse_c`` is the held-out fit's plain
 RMS on the held-out part.
 
-Whole-degree readings: after the plain least-squares fit, each fit is refined with a smooth dead zone
-(an error ``e`` counts as ``e - 0.5·tanh(2e)``), since an integer reading only bounds the temperature
-to ±0.5 °C and the constant rounding error of long plateaus otherwise bends τ.
+Whole-degree readings: after the plain least-squares fit, each fit is refined with a dead zone
+(:func:`dead_zone_c`: an error counts only beyond ±0.5 °C, ``e ∓ 0.5``, its corners rounded over
+~0.03 °C), since an integer reading only bounds the temperature to ±0.5 °C: the constant rounding error
+of long plateaus otherwise bends τ, and what the readings pin is where the curve crosses each degree
+boundary. (The selection's score keeps the softer ``e - 0.5·tanh(2e)``: it compares models, it does not
+place a curve.)
 
 The node's inlet (:func:`fit_staged_node`): the inlet is the same air for every GPU of a node (the same
 node power, so the same rise at every moment), so where a node has two GPUs or more with the node's
@@ -44,11 +47,19 @@ together; fitted together, the common rise is pinned by every GPU at once. The j
 whole window (τ_in at most ``INLET_SPAN_MAX`` of it: a slower stage cannot be told from a drift; and
 at least ``INLET_RATIO_MIN`` times every GPU's slow τ, a steep penalty row per GPU); each
 GPU's inlet candidate is then fitted on its training part with that inlet taken as given, and scored on
-its held-out part. The decision is **per node**: the inlet is chosen for every GPU of the node when the
-pooled score (every GPU's held-out errors together) beats the pooled score of each GPU's own choice by
-more than the margin above divided by the number of GPUs (the shared stage adds two parameters to the
-node, not to each GPU). Caveat: ``k_in`` and ``τ_in`` have seen the held-out part (the per-GPU
-parameters of the scored fits have not). A node of one GPU has no inlet candidate.
+its held-out part. The decision is **per node**, on the pooled score (every GPU's held-out errors
+together). Where every GPU's own choice has two stages, the inlet is kept for every GPU of the node unless
+its pooled score is worse than that of the GPUs' own choices by more than the margin above: the node's
+power does warm the air its GPUs breathe, and a two-stage model without the stage folds it into each GPU's
+slow stage (τ long, R high), a bias the held-out part cannot show when the GPUs load together (both models
+predict it alike). Where a GPU's own choice is first order, the inlet must beat the own choices by more
+than the margin divided by the number of GPUs (it adds two parameters to the node). Caveat: ``k_in`` and
+``τ_in`` have seen the held-out part (the per-GPU parameters of the scored fits have not). A node of one
+GPU has no inlet candidate. Where a GPU reports its memory's temperature, the joint fit reads the inlet
+there too: the memory breathes the same air, so its temperature is ``T_amb,mem + x_mem(R_mem, τ_mem; P) +
+x_in``, one own stage (its own T_amb, initial offset, R and τ, all fitted) plus the same inlet: a second
+reading of the node's air through a different own stage, rounded independently. The memory's parameters
+are not reported.
 
 This module never reads the simulator's constants: every parameter (the fan's effect included) is
 fitted from the data.
@@ -72,6 +83,10 @@ FAST_RATIO_MIN = 2.0  # τs ≥ 2·τf
 INLET_RATIO_MIN = 1.5  # τ_in ≥ 1.5·τs: the node's air is slower than the GPU's own heatsink
 ORDER_WEIGHT = 100.0  # the joint fit's penalty per unit of ln(τ_in / (1.5·τs)) below 0
 INLET_SPAN_MAX = 0.5  # τ_in ≤ half the fitted span: a slower stage cannot be told from a drift
+# the memory's own one-stage fit (the inlet folded in) must describe it to this RMS to serve the node's inlet:
+# the rounding of whole-degree readings alone is 0.29 °C
+MEM_RMSE_MAX_C = 0.5
+DEAD_ZONE_SHARPNESS = 30.0  # 1/°C: the refinement's dead zone rounds its corners over ~0.03 °C
 ORDER = ("rc1", "rc2", "rc2+fan", "rc2+inlet", "rc2+inlet+fan")
 
 
@@ -180,14 +195,26 @@ class Problem:
     def residuals(self, predicted: np.ndarray, dead_zone: bool = False) -> np.ndarray:
         """Per grid step with samples: the summed error over sqrt(samples) (its mean error, weighted so
         that the squared sum equals the per-sample one when the error is constant within a step).
-        ``dead_zone``: each error ``e`` counts as ``e - 0.5·tanh(2e)``, nearly nothing within the ±0.5 °C
-        of a whole-degree reading's rounding, ``e ∓ 0.5`` beyond it (a smooth interval-censored fit)."""
+        ``dead_zone``: each error counts only beyond the ±0.5 °C of a whole-degree reading's rounding,
+        ``e ∓ 0.5`` (:func:`dead_zone_c`: an interval-censored fit)."""
         err = predicted - self.temp
         if dead_zone:
-            err = err - 0.5 * np.tanh(2 * err)
+            err = dead_zone_c(err)
         summed = np.bincount(self.idx, weights=err, minlength=self.m)[self.steps]
         result: np.ndarray = summed * self.weight
         return result
+
+
+def dead_zone_c(err_c: np.ndarray) -> np.ndarray:
+    """What is left of an error beyond the ±0.5 °C a whole-degree reading leaves open: 0 within, ``e ∓ 0.5``
+    beyond, with corners rounded over ~1/``DEAD_ZONE_SHARPNESS`` °C so the least-squares solver has
+    derivatives. A reading says exactly that the temperature was within its ±0.5 °C, so where a model's
+    curve crosses each degree boundary is what the readings pin (to a sampling interval); a softer zone
+    (``e - 0.5·tanh(2e)``, used before) still pulled every error toward 0 and let the rounding of the
+    plateaus choose between nearly equal splits of the node's inlet and each GPU's slow stage."""
+    k = DEAD_ZONE_SHARPNESS
+    result: np.ndarray = (np.logaddexp(0.0, k * (err_c - 0.5)) - np.logaddexp(0.0, k * (-err_c - 0.5))) / k
+    return result
 
 
 def _held_mean(t_s: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -441,6 +468,7 @@ class StagedInput:
     fan_pct: np.ndarray | None = None
     steady_fan_pct: float | None = None
     rc1_guesses: list[tuple[float, float, float]] | None = None
+    mem_temp_c: np.ndarray | None = None  # the memory's temperature at the same times (NaN where not read)
 
 
 @dataclass(eq=False)  # compared by identity
@@ -458,12 +486,17 @@ class _Gpu:
     scores: dict[str, float]
     candidates: list[Candidate]
     choice: str = "rc1"
+    # the memory's temperature on the whole window's grid and its own first-order fit (the node's joint fit
+    # reads the inlet in it too); None where the GPU reports no memory temperature
+    mem: Problem | None = None
+    mem_fit: StageModel | None = None
 
 
 def _prepare(m: StagedInput, holdout: float) -> _Gpu | None:
     """The GPU's problems, its own candidates (rc1, rc2, rc2+fan) fitted and scored, its own choice."""
     notes: list[str] = []
     t_ns, temp_c, power_w, node_w, fan_pct = m.t_ns, m.temp_c, m.power_w, m.node_w, m.fan_pct
+    mem_c = m.mem_temp_c
     ok = np.isfinite(temp_c) & np.isfinite(power_w)
     if node_w is not None:
         if np.mean(np.isfinite(node_w[ok])) < 0.9:
@@ -476,9 +509,18 @@ def _prepare(m: StagedInput, holdout: float) -> _Gpu | None:
             fan_pct = None
         else:
             ok &= fan_ok
+    if mem_c is not None and node_w is not None:
+        mem_ok = np.isfinite(mem_c)
+        if np.mean(mem_ok[ok]) < 0.9:
+            mem_c = None
+        else:
+            ok &= mem_ok
+    else:
+        mem_c = None  # the memory only serves the node's inlet
     t_ns, temp_c, power_w = t_ns[ok], temp_c[ok], power_w[ok]
     node_w = node_w[ok] if node_w is not None else None
     fan_pct = fan_pct[ok] if fan_pct is not None else None
+    mem_c = mem_c[ok] if mem_c is not None else None
     if len(t_ns) < 20 or t_ns[-1] <= t_ns[0]:
         return None
     if fan_pct is not None:
@@ -517,6 +559,8 @@ def _prepare(m: StagedInput, holdout: float) -> _Gpu | None:
         gpu.candidates.append(_candidate(name, model, gpu))
     if "rc1" not in gpu.fitted:
         return None
+    if mem_c is not None:
+        _fit_memory(gpu, make_problem(t_ns, mem_c, power_w, node_w, fan_pct, h), steady_fan)
     for name in names[1:]:
         if name not in gpu.scores or not math.isfinite(gpu.scores[name]):
             continue
@@ -526,9 +570,35 @@ def _prepare(m: StagedInput, holdout: float) -> _Gpu | None:
     return gpu
 
 
+def _fit_memory(gpu: _Gpu, mem: Problem, steady_fan: float) -> None:
+    """The memory's own first-order response to the GPU's power (without the inlet): the start of its part
+    in the node's joint fit. A memory series that does not follow the GPU's power is left out."""
+    lo_p, hi_p = np.percentile(mem.u, [10, 90])
+    lo_t, hi_t = np.percentile(mem.temp, [10, 90])
+    if hi_p - lo_p <= 1 or hi_t - lo_t < 1:
+        gpu.notes.append("memory temperature does not follow the power: not used for the node's inlet")
+        return
+    r = float((hi_t - lo_t) / (hi_p - lo_p))
+    taus = [gpu.fitted["rc1"].stages[0].tau_s * k for k in (1.0, 2.0)]
+    starts = [StageModel("rc1", float(lo_t - r * lo_p), (Stage(r, tau),), None, None, 0.0, 4) for tau in taus]
+    model = _fit("rc1", mem, starts, steady_fan)
+    if model is None:
+        gpu.notes.append("memory temperature: its fit failed, not used for the node's inlet")
+        return
+    misfit = rmse(model, mem)
+    if misfit > MEM_RMSE_MAX_C:
+        # a memory the one-stage model does not describe (heated through the die, say) would bend the inlet
+        gpu.notes.append(
+            f"memory temperature: one own stage fits it to {misfit:.2f} °C RMS (more than {MEM_RMSE_MAX_C:g} °C):"
+            " not used for the node's inlet"
+        )
+        return
+    gpu.mem, gpu.mem_fit = mem, model
+
+
 def _held_error(model: StageModel, p: Problem, held: np.ndarray) -> np.ndarray:
     """The held-out errors as selection counts them: beyond the ±0.5 °C rounding of whole-degree readings
-    (the refinement's smooth dead zone, ``e - 0.5·tanh(2e)``), plain otherwise."""
+    (a smooth dead zone, ``e - 0.5·tanh(2e)``), plain otherwise."""
     err = predict(model, p)[held] - p.temp[held]
     result: np.ndarray = err - 0.5 * np.tanh(2 * err) if p.quantized else err
     return result
@@ -580,23 +650,35 @@ class _Joint:
     inlet: Inlet
     models: list[StageModel]
     cost: float
+    mem_models: list[StageModel | None]  # each GPU's memory model (its own stage and the node's inlet)
+
+
+# one start of the joint fit: the inlet, each GPU's own model and each GPU's memory model (None: no memory)
+JointStart = tuple[Inlet, list[StageModel], list[StageModel | None]]
+
+
+def _mem_model(x: np.ndarray, inlet: Inlet) -> StageModel:
+    """The memory's model from its parameters (``rc1``'s) and the node's inlet."""
+    t_amb, off, r, ln_tau = (float(v) for v in x)
+    return StageModel("rc1", t_amb, (Stage(r, math.exp(ln_tau)),), inlet, None, off, 4)
 
 
 def _fit_joint(
-    gpus: list[_Gpu],
-    names: list[str],
-    starts: list[tuple[Inlet, list[StageModel]]],
-    whole: bool,
+    gpus: list[_Gpu], names: list[str], starts: list[JointStart], whole: bool, tau_in_s: float | None = None
 ) -> _Joint | None:
     """One least-squares fit of every GPU of the node with the inlet stage (k_in, τ_in) shared.
 
     The parameter vector is [k_in, ln τ_in] followed by each GPU's own parameters (as ``_pack`` with a
-    fixed inlet); the residuals are every GPU's, concatenated. The Jacobian is taken by finite differences
+    fixed inlet) and, where the GPU reports its memory's temperature (whole window only), that memory's
+    own first-order stage, T_amb and initial offset: the memory breathes the same air, so its series is a
+    second reading of the inlet, through a different own stage and with its own rounding. The residuals
+    are every GPU's (die, order row, memory), concatenated. The Jacobian is taken by finite differences
     block by block: a GPU's own parameters move only its residuals, so each costs one simulation of that
     GPU, the two shared ones one simulation of the node (the cost grows linearly with the node's size)."""
     from scipy.optimize import least_squares
 
     problems = [g.whole if whole else g.train for g in gpus]
+    mems = [g.mem if whole else None for g in gpus]
     quantized = all(p.quantized for p in problems)
     span_s = INLET_SPAN_MAX * max(p.m * p.h for p in problems)
     h_max = max(p.h for p in problems)
@@ -604,9 +686,14 @@ def _fit_joint(
         [np.array([0.0, math.log(max(2 * h_max, TAU_MIN_S))])],
         [np.array([0.5, math.log(max(span_s, 4 * h_max))])],
     )
+    if tau_in_s is not None:  # the inlet's τ held (a profile over τ_in)
+        lo_parts[0][1], hi_parts[0][1] = math.log(tau_in_s) - 1e-6, math.log(tau_in_s) + 1e-6
     sizes = []
-    for name in names:
+    for name, mem in zip(names, mems, strict=True):
         lo, hi = _bounds(name)
+        if mem is not None:
+            lo_m, hi_m = _bounds("rc1")
+            lo, hi = np.concatenate([lo, lo_m]), np.concatenate([hi, hi_m])
         lo_parts.append(lo)
         hi_parts.append(hi)
         sizes.append(len(lo))
@@ -614,19 +701,26 @@ def _fit_joint(
     span = hi_all - lo_all
     cuts = np.cumsum([2, *sizes])
     slices = [slice(int(a), int(b)) for a, b in itertools.pairwise(cuts)]
-    rows = np.cumsum([0, *[len(p.steps) + 1 for p in problems]])  # each GPU's residuals and its order row
+    own_sizes = [len(_bounds(n)[0]) for n in names]
+    # each GPU's residuals: its die's, its order row, its memory's
+    rows = np.cumsum([0, *[len(p.steps) + 1 + (len(q.steps) if q else 0) for p, q in zip(problems, mems, strict=True)]])
 
-    def models_of(x: np.ndarray) -> tuple[Inlet, list[StageModel]]:
+    def models_of(x: np.ndarray, i: int) -> tuple[StageModel, StageModel | None]:
         inlet = Inlet(float(x[0]), math.exp(x[1]))
-        return inlet, [_unpack(n, x[s], g.steady_fan, inlet) for n, s, g in zip(names, slices, gpus, strict=True)]
+        own = x[slices[i]]
+        model = _unpack(names[i], own[: own_sizes[i]], gpus[i].steady_fan, inlet)
+        return model, _mem_model(own[own_sizes[i] :], inlet) if mems[i] is not None else None
 
     def block(i: int, x: np.ndarray, dz: bool) -> np.ndarray:
-        inlet = Inlet(float(x[0]), math.exp(x[1]))
-        model = _unpack(names[i], x[slices[i]], gpus[i].steady_fan, inlet)
+        model, mem_model = models_of(x, i)
         # τ_in ≥ INLET_RATIO_MIN·τs (effective): a steep penalty row, zero where the order holds, so that the
         # shared stage stays the slow air and does not take over the GPUs' own slow stages
-        order = ORDER_WEIGHT * max(0.0, math.log(INLET_RATIO_MIN * model.tau_slow_s / inlet.tau_s))
-        return np.append(problems[i].residuals(predict(model, problems[i]), dz), order)
+        order = ORDER_WEIGHT * max(0.0, math.log(INLET_RATIO_MIN * model.tau_slow_s / math.exp(x[1])))
+        parts = [problems[i].residuals(predict(model, problems[i]), dz), np.array([order])]
+        mem = mems[i]
+        if mem is not None and mem_model is not None:
+            parts.append(mem.residuals(predict(mem_model, mem), dz and mem.quantized))
+        return np.concatenate(parts)
 
     def residuals(x: np.ndarray, dz: bool) -> np.ndarray:
         return np.concatenate([block(i, x, dz) for i in range(len(gpus))])
@@ -666,8 +760,15 @@ def _fit_joint(
 
     # every start a few iterations, the best of them to convergence, then the dead-zone refinement
     best: tuple[float, np.ndarray] | None = None
-    for inlet, own in starts:
-        x0 = np.concatenate([[inlet.c_per_w, math.log(inlet.tau_s)], *[_pack(m) for m in own]])
+    for inlet, own, mem_starts in starts:
+        parts = [np.array([inlet.c_per_w, math.log(inlet.tau_s)])]
+        for m, mem_start, mem in zip(own, mem_starts, mems, strict=True):
+            parts.append(_pack(m))
+            if mem is not None:
+                if mem_start is None:
+                    return None
+                parts.append(_pack(mem_start))
+        x0 = np.concatenate(parts)
         x = solve(np.clip(x0, lo_all + 1e-9 * span, hi_all - 1e-9 * span), False, 8 if len(starts) > 1 else None)
         if x is None:
             continue
@@ -683,8 +784,10 @@ def _fit_joint(
     if quantized:
         refined = solve(x, True)
         x = refined if refined is not None else x
-    inlet, models = models_of(x)
-    return _Joint(inlet, models, float(np.sum(residuals(x, quantized) ** 2)))
+    fitted = [models_of(x, i) for i in range(len(gpus))]
+    inlet = Inlet(float(x[0]), math.exp(x[1]))
+    cost = float(np.sum(residuals(x, quantized) ** 2))
+    return _Joint(inlet, [f[0] for f in fitted], cost, [f[1] for f in fitted])
 
 
 def _inlet_name(g: _Gpu) -> str:
@@ -693,7 +796,7 @@ def _inlet_name(g: _Gpu) -> str:
     return "rc2+inlet+fan" if "rc2+fan" in g.fitted else "rc2+inlet"
 
 
-def _joint_starts(gpus: list[_Gpu], names: list[str]) -> list[tuple[Inlet, list[StageModel]]]:
+def _joint_starts(gpus: list[_Gpu], names: list[str]) -> list[JointStart]:
     """Starts of the joint fit: from each GPU's own fit (its slow stage absorbed the node's air), a share
     of the slow stage's rise moved to a shared inlet, at two ratios of τ_in to the GPUs' slow τ."""
     own = [g.fitted["rc2+fan" if n.endswith("fan") else "rc2"] for g, n in zip(gpus, names, strict=True)]
@@ -714,7 +817,19 @@ def _joint_starts(gpus: list[_Gpu], names: list[str]) -> list[tuple[Inlet, list[
             tau_s = max(slow.tau_s * (1 - share), fast.tau_s * 2.5)  # the slow stage had absorbed the air
             stages = (fast, Stage((1 - share) * slow.r_c_per_w, tau_s))
             models.append(StageModel(name, m.t_amb_c, stages, inlet, m.fan, m.x0_offset_c, 0))
-        out.append((inlet, models))
+        mem_models: list[StageModel | None] = []
+        for g in gpus:
+            if g.mem_fit is None or g.mem is None:
+                mem_models.append(None)
+                continue
+            # the same share of the air's rise taken out of the memory's own stage
+            (st,) = g.mem_fit.stages
+            own_rise_w = max(float(np.mean(g.mem.u)) - g.mem.u_init, 1e-6)
+            r_m = max(st.r_c_per_w - share * rise / own_rise_w, 0.2 * st.r_c_per_w)
+            mem_models.append(
+                StageModel("rc1", g.mem_fit.t_amb_c, (Stage(r_m, st.tau_s),), inlet, None, g.mem_fit.x0_offset_c, 4)
+            )
+        out.append((inlet, models, mem_models))
     return out
 
 
@@ -747,15 +862,26 @@ def fit_staged_node(members: list[StagedInput], *, holdout: float = 0.3) -> list
                 g.candidates.append(_candidate(n, held, g))
         if whole is not None and len(held_models) == len(joint_gpus):
             own_score = _pooled_score(joint_gpus, [g.fitted[g.choice] for g in joint_gpus])
+            mems = sum(g.mem is not None for g in joint_gpus)
+            with_memory = f", the memory temperature of {mems}" if mems else ""
             inlet_score = _pooled_score(joint_gpus, held_models)
-            # the inlet adds two parameters to the node, not to each GPU: the per-GPU margin shared by its GPUs
-            margin = max(PARSIMONY_REL * own_score, PARSIMONY_ABS_C) / len(joint_gpus)
+            # the node's power warms the air all its GPUs breathe; a two-stage model without that stage folds it
+            # into each GPU's slow stage (τ long, R high), a bias the held-out part cannot show when the GPUs load
+            # together (both predict it alike). So where every GPU's data already call for two own stages, the
+            # node keeps the inlet unless it predicts the held-out part worse by more than the margin a GPU's own
+            # models must clear to replace one another. Otherwise (a GPU whose data are first order) the inlet,
+            # two parameters for the node, must beat them by that margin shared by the node's GPUs.
+            margin = max(PARSIMONY_REL * own_score, PARSIMONY_ABS_C)
+            two_stage = all(g.choice != "rc1" for g in joint_gpus)
+            keep = (
+                inlet_score <= own_score + margin if two_stage else inlet_score < own_score - margin / len(joint_gpus)
+            )
             verdict = (
                 f"node inlet k_in {whole.inlet.c_per_w:.3g} °C/W, τ_in {whole.inlet.tau_s:.3g} s (fitted jointly on"
-                f" {len(joint_gpus)} GPUs): pooled holdout score {inlet_score:.3f} °C against {own_score:.3f} °C"
-                " without it"
+                f" {len(joint_gpus)} GPUs{with_memory}): pooled holdout score {inlet_score:.3f} °C against"
+                f" {own_score:.3f} °C without it"
             )
-            if inlet_score < own_score - margin:
+            if keep:
                 accepted = (held_models, whole, verdict + ": chosen")
             else:
                 for g in joint_gpus:

@@ -5,8 +5,8 @@ One simulated machine holds one GPU of every profile (the RTX 4090 with its fans
 two-stage physics, the inlet air heated by the whole machine's power and one slot running hotter. A
 signed probe runs the bundled trainer's real phases (idle baseline, a warm-up at a lower load than
 steady, steady, cool-down); the agent streams what it reads through NVML to a real collector and a real
-InfluxDB; ``gpuprobe model`` fits the probe. Each GPU's total R_th must come out within 5 %, its slow
-tau within 8 % (see TAU_TOLERANCE) and T_amb within 1 degC of the ground truth that
+InfluxDB; ``gpuprobe model`` fits the probe. Each GPU's total R_th and slow tau must come out within
+5 % and T_amb within 1 degC of the ground truth that
 ``gpuprobe.sim.thermal`` computes from the simulator's parameters (the model itself never reads them).
 
 The time constants are shortened with ``--set`` (fast stage 1 s, heatsink 12 s at full fan, inlet
@@ -45,10 +45,10 @@ HOT_SLOT = 3  # the L4 runs 6 degC hotter at every load (a slot with poor airflo
 HOT_SLOT_OFFSET_C = 6.0
 PHASES = {"idle_baseline": 15.0, "warmup": 12.0, "duration": 60.0, "cooldown": 75.0}
 START_IN_S = 30.0
-# The slow tau's estimate spreads by about +-5 % from run to run (the inlet's share of the rise is ~1 degC,
-# read in whole degrees): R_th and T_amb hold the 5 % / 1 degC target, tau is held to 8 % so the test
-# does not flake; docs/models.md has the figures of repeated runs
-TAU_TOLERANCE = 0.08
+# issue 11's target; the inlet's ~1 degC share of the rise, read in whole degrees, once made the slow tau
+# spread by +-5 % between runs, until the fit counted only errors beyond each reading's +-0.5 degC and
+# took in the memory temperatures (docs/models.md has the runs and the sensitivity bench)
+TAU_TOLERANCE = 0.05
 
 
 def overrides(index: int) -> dict[str, str]:
