@@ -663,9 +663,7 @@ def _mem_model(x: np.ndarray, inlet: Inlet) -> StageModel:
     return StageModel("rc1", t_amb, (Stage(r, math.exp(ln_tau)),), inlet, None, off, 4)
 
 
-def _fit_joint(
-    gpus: list[_Gpu], names: list[str], starts: list[JointStart], whole: bool, tau_in_s: float | None = None
-) -> _Joint | None:
+def _fit_joint(gpus: list[_Gpu], names: list[str], starts: list[JointStart], whole: bool) -> _Joint | None:
     """One least-squares fit of every GPU of the node with the inlet stage (k_in, τ_in) shared.
 
     The parameter vector is [k_in, ln τ_in] followed by each GPU's own parameters (as ``_pack`` with a
@@ -686,8 +684,6 @@ def _fit_joint(
         [np.array([0.0, math.log(max(2 * h_max, TAU_MIN_S))])],
         [np.array([0.5, math.log(max(span_s, 4 * h_max))])],
     )
-    if tau_in_s is not None:  # the inlet's τ held (a profile over τ_in)
-        lo_parts[0][1], hi_parts[0][1] = math.log(tau_in_s) - 1e-6, math.log(tau_in_s) + 1e-6
     sizes = []
     for name, mem in zip(names, mems, strict=True):
         lo, hi = _bounds(name)
