@@ -317,6 +317,12 @@ class SyntheticAgent:
                         StreamEvent(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}", time.monotonic())
                     )
                     finished = False
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # the caller cancelled run() while gRPC was setting up or ending a call, and gRPC raised
+                    # an error of its own (or none) in place of the CancelledError: run() ends as asked,
+                    # instead of reconnecting for ever with close() waiting on acks that cannot come
+                    raise asyncio.CancelledError
                 if finished:
                     self._done = True
                     return

@@ -132,3 +132,39 @@ def test_an_unexpected_error_is_a_stream_event_and_close_fails_at_once_when_run_
             await server.stop(None)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_cancel_that_the_session_turns_into_an_error_still_ends_run() -> None:
+    """gRPC's asyncio calls can answer a cancel of the task awaiting them with an error of their own
+    (CI saw it once: close() then waited 30 s for acks from a run() that kept reconnecting)."""
+
+    class CancelBecomesError(SyntheticAgent):
+        turned = False
+
+        async def _session(self) -> bool:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                if self.turned:
+                    raise  # only the first cancel is turned (the test's own cleanup must end the task)
+                self.turned = True
+                raise RuntimeError("the call was cancelled") from None
+            return False
+
+    async def scenario() -> None:
+        agent = CancelBecomesError(f"{LOOPBACK}:1", AgentSpec("cancelled-1", gpus=1), reconnect_max_s=0.05)
+        agent.enqueue(agent.factory.batch(samples_per_gpu=1))
+        task = asyncio.create_task(agent.run())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+        try:
+            assert task.done() and task.cancelled(), "run() went on reconnecting after it was cancelled"
+        finally:
+            task.cancel()
+        assert [e.details for e in agent.errors] == ["RuntimeError: the call was cancelled"]
+        with pytest.raises(RuntimeError, match="run\\(\\) ended before everything was acked"):
+            await agent.close(timeout_s=30)
+
+    asyncio.run(scenario())
