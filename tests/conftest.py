@@ -6,13 +6,18 @@ Tests that kill or restart a server construct their own (``InfluxDBServer(tmp_pa
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support import check_sleep
 
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer, MosquittoServer
 from gpuprobe.devservices.disks import SmallDisk
@@ -78,3 +83,38 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[[str, int], SmallDisk]]:
     yield make
     for disk in disks:
         disk.unmount()
+
+
+@pytest.fixture(autouse=True)
+def no_long_sleeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail a test (or a helper under ``tests/``) that sleeps longer than ``MAX_TEST_SLEEP_S`` at a time.
+
+    Only calls made from files under ``tests/`` count: the product's own waits (backoff, drain) are what
+    the tests exercise. Helper processes the tests start are not covered (they are not this process).
+    """
+    real_sleep = time.sleep
+    real_async_sleep = asyncio.sleep
+
+    def sleep(seconds: float) -> None:
+        check_sleep(seconds, sys._getframe(1).f_code.co_filename)
+        real_sleep(seconds)
+
+    def async_sleep(delay: float, result: Any = None) -> Any:
+        check_sleep(delay, sys._getframe(1).f_code.co_filename)
+        return real_async_sleep(delay, result)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(asyncio, "sleep", async_sleep)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Start the long tests first (end-to-end, then those marked slow): with two workers, a long test
+    collected last would run on its own at the end while the other worker has nothing left to do.
+    The sort is stable, so every worker sees the same order (xdist requires it)."""
+
+    def rank(item: pytest.Item) -> int:
+        if "e2e" in item.path.parts:
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)
