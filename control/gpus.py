@@ -187,20 +187,3 @@ class Sampler:
             self.sample_once()
             next_t += self.interval_s
             self._stop.wait(max(0.0, next_t - time.monotonic()))
-
-
-def energy_at(readings: list[Reading], t_ns: int) -> float | None:
-    """The energy counter at ``t_ns`` (J), linearly interpolated between the readings around it."""
-    points = [(r.time_unix_ns, r.energy_j) for r in readings if r.energy_j is not None]
-    if not points or t_ns < points[0][0] - 500_000_000 or t_ns > points[-1][0] + 500_000_000:
-        return None
-    before = [p for p in points if p[0] <= t_ns]
-    after = [p for p in points if p[0] >= t_ns]
-    if not before:
-        return after[0][1]
-    if not after:
-        return before[-1][1]
-    (t0, e0), (t1, e1) = before[-1], after[0]
-    if t1 == t0:
-        return e0
-    return e0 + (e1 - e0) * (t_ns - t0) / (t1 - t0)

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -33,9 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuprobe.control.gpus import GpuReader, Reading, Sampler, describe_health, energy_at
+import numpy as np
+
+from gpuprobe.control.gpus import GpuReader, Reading, Sampler, describe_health
 from gpuprobe.control.powerlimit import PowerLimits
 from gpuprobe.control.settings import TRAINER_COMMAND
+from gpuprobe.energy import window_energy
 from gpuprobe.trainer import catalog
 from gpuprobe.trainer.report import AgentReporter, probe_event_line
 from gpuprobe.v1 import common_pb2, control_pb2
@@ -602,15 +606,15 @@ def _window(readings: list[Reading], start_ns: int, end_ns: int) -> list[Reading
 
 
 def _mean_power(readings: list[Reading], start_ns: int, end_ns: int) -> tuple[float | None, float | None]:
-    """(energy in J, mean power in W) over [start, end] from the counter, else from power readings."""
-    seconds = (end_ns - start_ns) / 1e9
-    if seconds <= 0:
+    """(energy in J, mean power in W) over the window by :func:`gpuprobe.energy.window_energy`, the
+    formula ``gpuprobe model`` and ``study report`` use: the counter with resets bridged, else power."""
+    if end_ns <= start_ns or not readings:
         return None, None
-    e0, e1 = energy_at(readings, start_ns), energy_at(readings, end_ns)
-    if e0 is not None and e1 is not None and e1 >= e0:
-        return e1 - e0, (e1 - e0) / seconds
-    powers = [r.power_w for r in _window(readings, start_ns, end_ns) if r.power_w is not None]
-    return None, (sum(powers) / len(powers) if powers else None)
+    t_ns = np.array([r.time_unix_ns for r in readings], dtype=np.int64)
+    power_w = np.array([math.nan if r.power_w is None else r.power_w for r in readings], dtype=float)
+    energy_j = np.array([math.nan if r.energy_j is None else r.energy_j for r in readings], dtype=float)
+    energy = window_energy(t_ns, energy_j, power_w, start_ns, end_ns)
+    return energy.energy_j, energy.mean_power_w
 
 
 def _metrics(point: dict[str, Any], phases: list[dict[str, Any]], readings: list[Reading]) -> control_pb2.ProbeMetrics:

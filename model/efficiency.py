@@ -1,11 +1,8 @@
 """Efficiency of one GPU over a probe: throughput, power, energy, and what the energy costs.
 
-Energy comes from NVML's energy counter (``energy_j``, mJ since the driver loaded, so it integrates
-*every* tick of power, including those between the agent's samples). Differences of consecutive
-readings are summed; a negative difference (the driver was reloaded, the counter reset) or a missing
-reading is replaced by that interval's ``power · Δt`` and counted in ``counter_resets``. The
-cumulative energy is interpolated linearly at the window's edges. Where there is no counter at all
-the energy is ``∫P dt`` (power held between samples) and ``energy_source`` says so.
+Energy over a window is :mod:`gpuprobe.energy`'s (NVML's counter with resets bridged, interpolated at
+the window's edges; ``∫P dt`` without a counter), the same formula as ``probe results`` and
+``study report``.
 
 Derived (docs/models.md, "Efficiency"; kWh and CO2e as in Patterson et al. 2021, "Carbon Emissions
 and Large Neural Network Training", arXiv 2104.10350)::
@@ -23,47 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuprobe.energy import cumulative_energy, integral_j
+
 J_PER_KWH = 3.6e6
-
-
-@dataclass(frozen=True)
-class Energy:
-    """A GPU's cumulative energy (J) at each sample, from the counter where there is one."""
-
-    t_ns: np.ndarray
-    cumulative_j: np.ndarray
-    source: str  # "counter" or "integral"
-    counter_resets: int
-
-    def between(self, start_ns: int, end_ns: int) -> float:
-        if len(self.t_ns) < 2:
-            return math.nan
-        a, b = np.interp([start_ns, end_ns], self.t_ns, self.cumulative_j)
-        return float(b - a)
-
-
-def cumulative_energy(t_ns: np.ndarray, energy_j: np.ndarray, power_w: np.ndarray) -> Energy:
-    dt_s = np.diff(t_ns) / 1e9
-    held = np.where(np.isfinite(power_w[:-1]), power_w[:-1], 0.0) * dt_s
-    if len(energy_j) and float(np.mean(np.isfinite(energy_j))) >= 0.5:
-        step = np.diff(energy_j)
-        bad = ~np.isfinite(step) | (step < 0)
-        resets = int(np.sum(np.isfinite(step) & (step < 0)))
-        step = np.where(bad, held, step)
-        source = "counter"
-    else:
-        step, resets, source = held, 0, "integral"
-    return Energy(t_ns, np.concatenate([[0.0], np.cumsum(step)]), source, resets)
-
-
-def integral_j(t_ns: np.ndarray, power_w: np.ndarray, start_ns: int, end_ns: int) -> float:
-    """∫P dt over [start, end] with each sample's power held until the next (a cross-check of the counter)."""
-    keep = np.isfinite(power_w)
-    t, p = t_ns[keep], power_w[keep]
-    if len(t) < 2:
-        return math.nan
-    edges = np.clip(np.append(t, t[-1]), start_ns, end_ns)
-    return float(np.sum(p * np.diff(edges)) / 1e9)
 
 
 def mask_of(t_ns: np.ndarray, intervals: Sequence[tuple[int, int]]) -> np.ndarray:

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from gpuprobe.energy import cumulative_energy
 from gpuprobe.model.analysis import GpuResult, Results
 from gpuprobe.model.data import Dataset, GpuSeries
-from gpuprobe.model.efficiency import cumulative_energy
 from gpuprobe.model.thermal import AVERAGE_DELAY_S, predicted_temperature, simulate
 
 MAX_POINTS = 2500

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuprobe.model.efficiency import cumulative_energy
+from gpuprobe.energy import window_energy
 
 BARE_METAL = "bare_metal"
 REFUSED = "point_refused"
@@ -137,14 +137,6 @@ def _max(values: np.ndarray) -> float | None:
     return float(np.max(finite)) if len(finite) else None
 
 
-def _counter_covers(t_ns: np.ndarray, start_ns: int, end_ns: int) -> bool:
-    """Whether counter readings reach both ends of the window (to within two sampling intervals or 1 s)."""
-    if len(t_ns) < 2:
-        return False
-    slack = max(10**9, 2 * int(np.median(np.diff(t_ns))))
-    return bool(t_ns[0] <= start_ns + slack and t_ns[-1] >= end_ns - slack)
-
-
 def window_stats(
     t_ns: np.ndarray,
     start_ns: int,
@@ -160,35 +152,20 @@ def window_stats(
 
     The arrays are that GPU's samples in time order; they may reach beyond the window (so the energy
     counter can be interpolated exactly at its ends). Mean power is the counter's increase over the
-    window ÷ its length (:func:`gpuprobe.model.efficiency.cumulative_energy`: a counter reset is
-    bridged with ``power · Δt``); without counter readings at both ends it is the mean of the
-    ``power_w`` readings inside the window.
+    window ÷ its length (:func:`gpuprobe.energy.window_energy`, the formula ``probe results`` and
+    ``gpuprobe model`` use too: a counter reset is bridged with ``power · Δt``); without counter
+    readings at both ends it is the mean of the ``power_w`` readings inside the window.
     """
-    duration_s = (end_ns - start_ns) / 1e9
     inside = (t_ns >= start_ns) & (t_ns < end_ns)  # the sample at the end belongs to the next phase
-    reading_w = _mean(power_w[inside])
-    mean_w = energy = None
-    source, resets = "none", 0
-    has_counter = np.isfinite(energy_j)
-    if duration_s > 0 and _counter_covers(t_ns[has_counter], start_ns, end_ns):
-        t, e, p = t_ns[has_counter], energy_j[has_counter], power_w[has_counter]
-        cumulative = cumulative_energy(t, e, p)
-        energy = cumulative.between(start_ns, end_ns)
-        if math.isfinite(energy) and energy >= 0:
-            mean_w, source, resets = energy / duration_s, "counter", cumulative.counter_resets
-        else:
-            energy = None
-    if mean_w is None and reading_w is not None:
-        mean_w, source = reading_w, "power_w"
-        energy = reading_w * duration_s if duration_s > 0 else None
+    energy = window_energy(t_ns, energy_j, power_w, start_ns, end_ns)
     return WindowStats(
-        duration_s=duration_s,
+        duration_s=(end_ns - start_ns) / 1e9,
         gpu_samples=int(np.sum(inside)),
-        mean_power_w=mean_w,
-        energy_j=energy,
-        energy_source=source,
-        counter_resets=resets,
-        mean_power_reading_w=reading_w,
+        mean_power_w=energy.mean_power_w,
+        energy_j=energy.energy_j,
+        energy_source=energy.source,
+        counter_resets=energy.counter_resets,
+        mean_power_reading_w=energy.mean_power_reading_w,
         enforced_limit_w=_mean(power_limit_w[inside]),
         peak_temp_c=_max(temp_c[inside]),
         sm_clock_mhz=_mean(sm_clock_mhz[inside]),

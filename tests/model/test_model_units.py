@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
+from gpuprobe.energy import cumulative_energy, integral_j
 from gpuprobe.influx.influxql import InfluxError, parse_results, quote_string
 from gpuprobe.influx.lineprotocol import encode_line
 from gpuprobe.model.acoustic import calibrate, energetic_mean, pair_levels
 from gpuprobe.model.cli import parse_time
-from gpuprobe.model.efficiency import cumulative_energy, integral_j
 from gpuprobe.model.thermal import (
     REASON_HW_THERMAL,
     REASON_SW_POWER_CAP,

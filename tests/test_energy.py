@@ -1,0 +1,78 @@
+"""One energy-over-a-window formula (gpuprobe.energy): `probe results` (the agent's probe runner),
+`gpuprobe model` (efficiency) and `study report` get the same joules from the same samples, a counter reset
+(a driver reload) included. Plain data, in-process."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gpuprobe.control.gpus import Reading
+from gpuprobe.control.probe import _mean_power
+from gpuprobe.energy import window_energy
+from gpuprobe.model.efficiency import gpu_efficiency
+from gpuprobe.study.analysis import window_stats
+
+S = 1_000_000_000
+POWER_W = 300.0
+
+
+def samples(reset_at_s: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """30 s at 10 Hz of a GPU at a constant 300 W; its energy counter restarts from 0 at ``reset_at_s``."""
+    t_s = np.arange(0, 30, 0.1)
+    energy_j = POWER_W * t_s + 1_000_000.0  # the counter counts from the driver's load, long before
+    if reset_at_s is not None:
+        after = t_s >= reset_at_s
+        energy_j[after] = POWER_W * (t_s[after] - reset_at_s)
+    return (t_s * S).astype(np.int64), energy_j, np.full(len(t_s), POWER_W)
+
+
+@pytest.mark.parametrize("reset_at_s", [None, 12.05])
+def test_probe_model_and_study_get_the_same_energy_from_one_window(reset_at_s: float | None) -> None:
+    t_ns, energy_j, power_w = samples(reset_at_s)
+    start_ns, end_ns = 5 * S, 25 * S
+    expected_j = POWER_W * 20  # the reset's interval is bridged with power x dt, which is exact here
+
+    shared = window_energy(t_ns, energy_j, power_w, start_ns, end_ns)
+    assert shared.source == "counter" and shared.energy_j == pytest.approx(expected_j, rel=1e-9)
+    assert shared.counter_resets == (0 if reset_at_s is None else 1)
+
+    readings = [Reading(int(t), float(p), 60.0, float(e)) for t, e, p in zip(t_ns, energy_j, power_w, strict=True)]
+    probe_j, probe_w = _mean_power(readings, start_ns, end_ns)
+    study = window_stats(
+        t_ns,
+        start_ns,
+        end_ns,
+        power_w=power_w,
+        energy_j=energy_j,
+        temp_c=np.full(len(t_ns), 60.0),
+        power_limit_w=np.full(len(t_ns), 700.0),
+        sm_clock_mhz=np.full(len(t_ns), 1980.0),
+    )
+    model = gpu_efficiency(
+        t_ns,
+        power_w,
+        power_w,
+        energy_j,
+        window=(0, 30 * S),
+        steady=[(start_ns, end_ns)],
+        idle=[],
+        samples_per_s=100.0,
+        pue=1.0,
+        grid_kg_per_kwh=0.0,
+        price_per_gpu_hour=None,
+    )
+    assert probe_j == study.energy_j == model.steady_energy_j == shared.energy_j
+    assert probe_w == study.mean_power_w == pytest.approx(POWER_W)
+    assert model.j_per_sample == pytest.approx(expected_j / 2000)
+
+
+def test_without_readings_at_both_ends_the_energy_is_the_mean_power_reading_times_the_window() -> None:
+    t_ns, energy_j, power_w = samples(None)
+    late = t_ns >= 10 * S  # the counter was not read in the first 10 s (the agent started late)
+    energy_j[~late] = math.nan
+    result = window_energy(t_ns, energy_j, power_w, 0, 20 * S)
+    assert result.source == "power_w" and result.energy_j == pytest.approx(POWER_W * 20)
+    assert window_energy(t_ns[:0], energy_j[:0], power_w[:0], 0, S).source == "none"
