@@ -12,8 +12,8 @@ precedence, highest first::
 The file is named by ``--config`` or ``GPUPROBE_CONFIG``. A table is named after the command
 (``[agent]``, ``[collector]``, ``[sim]``; a sub-command also reads its own table, ``[sim.run]``), and
 top-level keys apply to every command that has that option. Keys use underscores
-(``spool_dir``), flags dashes (``--spool-dir``), environment variables upper case
-(``GPUPROBE_SPOOL_DIR``). A key no command knows is an error, so typos do not pass silently.
+(``spool_max_bytes``), flags dashes (``--spool-max-bytes``), environment variables upper case
+(``GPUPROBE_SPOOL_MAX_BYTES``). A key no command knows is an error, so typos do not pass silently.
 
 Every duration option reads its values with :func:`parse_duration` (``30``, ``30.5``, ``30s``, ``500ms``,
 ``2m``, ``1h``, ``7d``; a bare number is seconds) and shows ``DURATION`` in ``--help``. An option that was
