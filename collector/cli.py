@@ -113,7 +113,6 @@ OPTIONS = [
         "timeout of one write request",
         parse_duration,
         default=30.0,
-        deprecated_name="influx_timeout_s",
     ),
     Option("influx_gzip_level", "gzip level of write requests (0: no compression)", type=int, default=1, metavar="0-9"),
     Option(
@@ -198,14 +197,12 @@ OPTIONS = [
         "samples further in the future are out of range",
         parse_duration,
         default=600.0,
-        deprecated_name="max_clock_skew_s",
     ),
     Option(
         "max_sample_age",
         "samples older than this are out of range",
         parse_duration,
         default=7 * 24 * 3600.0,
-        deprecated_name="max_sample_age_s",
     ),
     Option(
         "timestamp_policy",
@@ -227,14 +224,12 @@ OPTIONS = [
         "how long a partly filled request waits for more lines",
         parse_duration,
         default=0.05,
-        deprecated_name="sink_linger_s",
     ),
     Option(
         "sink_max_backoff",
         "longest wait between retries of a failing write",
         parse_duration,
         default=30.0,
-        deprecated_name="sink_max_backoff_s",
     ),
 ]
 

@@ -16,16 +16,12 @@ top-level keys apply to every command that has that option. Keys use underscores
 (``GPUPROBE_SPOOL_MAX_BYTES``). A key no command knows is an error, so typos do not pass silently.
 
 Every duration option reads its values with :func:`parse_duration` (``30``, ``30.5``, ``30s``, ``500ms``,
-``2m``, ``1h``, ``7d``; a bare number is seconds) and shows ``DURATION`` in ``--help``. An option that was
-renamed keeps its old spelling (:attr:`Option.deprecated_name`) for one release: the old flag, the old
-``GPUPROBE_*`` variable and the old file key still work and log a one-line deprecation warning
-(docs/architecture.md, "Deprecated spellings").
+``2m``, ``1h``, ``7d``; a bare number is seconds) and shows ``DURATION`` in ``--help``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import math
 import os
@@ -119,11 +115,6 @@ class Option:
     metavar: str | None = None
     multiple: bool = False  # repeatable flag; a TOML array; comma-separated in the environment
     is_flag: bool = False  # a boolean switch (--name / --no-name)
-    # The option's old name, still read (with a deprecation warning) as a flag, an environment
-    # variable and a file key for one release after a rename; docs/architecture.md lists them.
-    deprecated_name: str = ""
-    # How the old spelling reads its values when its unit differed (--period-ms took ms); None: as `type`.
-    deprecated_type: Callable[[str], Any] | None = None
 
     @property
     def flag(self) -> str:
@@ -139,21 +130,8 @@ class Option:
 
     @property
     def file_keys(self) -> tuple[str, ...]:
-        """The keys a config file may set this option with: its name, and its deprecated name."""
-        return (self.name, self.deprecated_name) if self.deprecated_name else (self.name,)
-
-    @property
-    def deprecated_spelling(self) -> Option | None:
-        """The option under its old name (flag, variable and key of the old spelling), or None."""
-        if not self.deprecated_name:
-            return None
-        return dataclasses.replace(
-            self,
-            name=self.deprecated_name,
-            type=self.deprecated_type or self.type,
-            deprecated_name="",
-            deprecated_type=None,
-        )
+        """The keys a config file may set this option with."""
+        return (self.name,)
 
     def convert(self, raw: Any, source: str) -> Any:
         """Turns a value from the environment (a string) or TOML (typed) into the option's type."""
@@ -199,8 +177,7 @@ class Command:
 
 
 def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> None:
-    """Adds flags whose absence is visible (``argparse.SUPPRESS``), so lower sources can fill in.
-    A deprecated spelling gets a flag of its own, left out of ``--help`` (the docs list it)."""
+    """Adds flags whose absence is visible (``argparse.SUPPRESS``), so lower sources can fill in."""
     for opt in options:
         where = f"env {opt.env_var}"
         if opt.is_duration:
@@ -210,14 +187,6 @@ def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> N
             default = "" if opt.default in (None, [], "") else f"; default {opt.default}"
             help_text = f"{opt.help} ({where}{default})"
         _add_flag(parser, opt, opt.name, help_text)
-        old = opt.deprecated_spelling
-        if old is not None:
-            _add_flag(parser, old, _deprecated_dest(old.name), argparse.SUPPRESS)
-
-
-def _deprecated_dest(name: str) -> str:
-    # a namespace attribute no option can have (":" is not in option names), so it never shadows one
-    return f"deprecated:{name}"
 
 
 def _add_flag(parser: argparse.ArgumentParser, opt: Option, dest: str, help_text: str) -> None:
@@ -318,33 +287,18 @@ def resolve(
             layers.append((f"{file_path} [{'.'.join(parts[:i])}]", table))
     values: dict[str, Any] = {}
     for opt in options:
-        # each source reads the new spelling first, so a half-migrated setup takes the new value
-        old = opt.deprecated_spelling
         if hasattr(args, opt.name):
             values[opt.name] = getattr(args, opt.name)
-        elif old is not None and hasattr(args, _deprecated_dest(old.name)):
-            _warn_deprecated(old.flag, opt.flag)
-            values[opt.name] = getattr(args, _deprecated_dest(old.name))
         elif opt.env_var in env:
             values[opt.name] = opt.convert(env[opt.env_var], f"environment {opt.env_var}")
-        elif old is not None and old.env_var in env:
-            _warn_deprecated(f"environment variable {old.env_var}", opt.env_var)
-            values[opt.name] = old.convert(env[old.env_var], f"environment {old.env_var}")
         else:
             value: Any = opt.default
             for source, layer in layers:
                 if _has_value(layer, opt.name):
                     value = opt.convert(layer[opt.name], source)
-                elif old is not None and _has_value(layer, old.name):
-                    _warn_deprecated(f"{source}: key {old.name}", f"key {opt.name}")
-                    value = old.convert(layer[old.name], source)
             values[opt.name] = value
     return values
 
 
 def _has_value(layer: Mapping[str, Any], key: str) -> bool:
     return key in layer and not isinstance(layer[key], Mapping)
-
-
-def _warn_deprecated(old: str, new: str) -> None:
-    log.warning("%s is deprecated and will be removed in the next release; use %s", old, new)

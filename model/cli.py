@@ -87,9 +87,7 @@ OPTIONS = [
     Option("influx_username", "user name for basic authentication", default="", metavar="NAME"),
     Option("influx_password", "password for basic authentication", default="", metavar="SECRET"),
     Option("influx_token", "token, sent as 'Authorization: Token ...' (2.x v1 API)", default="", metavar="SECRET"),
-    Option(
-        "influx_timeout", "timeout of one request", parse_duration, default=60.0, deprecated_name="influx_timeout_s"
-    ),
+    Option("influx_timeout", "timeout of one request", parse_duration, default=60.0),
     Option(
         "out",
         "folder for the report (<probe>.html) and every number (<probe>.json)",
@@ -138,7 +136,6 @@ OPTIONS = [
         "bin width of the ARX fit's block means",
         parse_duration,
         default=1.0,
-        deprecated_name="arx_resample_s",
     ),
     Option(
         "holdout",
@@ -159,7 +156,6 @@ OPTIONS = [
         "averaging window of the microphone's LAeq",
         parse_duration,
         default=1.0,
-        deprecated_name="mic_window_s",
     ),
     Option("write_model", "write the fitted parameters back as the `model` measurement", is_flag=True, default=True),
 ]

@@ -30,14 +30,6 @@ STATE_DIR = Option(
 )
 
 
-def _milliseconds(text: str) -> float:
-    """The deprecated ``--period-ms``: a number of ms, as it always took it, in s."""
-    period_ms = float(text)
-    if not period_ms >= 0:
-        raise ValueError(f"{text} is not a non-negative number of ms")
-    return period_ms / 1000.0
-
-
 def _error(message: str) -> int:
     print(f"gpuprobe sim: error: {message}", file=sys.stderr)
     return 2
@@ -244,8 +236,6 @@ COMMANDS = [
                 "update period of the simulated driver (1ms to 10s)",
                 parse_duration,
                 default=0.1,
-                deprecated_name="period_ms",
-                deprecated_type=_milliseconds,
             ),
             Option(
                 "set",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import re
 import subprocess
@@ -233,15 +232,8 @@ def test_defaults_are_shown_in_a_form_the_parser_reads_back(seconds: float, text
 
 DURATIONS = [
     Option("wait", "how long to wait", parse_duration, 5.0),
-    Option("timeout", "request timeout", parse_duration, 30.0, deprecated_name="timeout_s"),
-    Option(
-        "period",
-        "update period",
-        parse_duration,
-        0.1,
-        deprecated_name="period_ms",
-        deprecated_type=lambda text: float(text) / 1000,  # the old spelling counted ms
-    ),
+    Option("timeout", "request timeout", parse_duration, 30.0),
+    Option("period", "update period", parse_duration, 0.1),
 ]
 
 
@@ -273,73 +265,16 @@ def test_durations_come_from_every_source_in_every_form() -> None:
     assert resolve("probe.status", DURATIONS, parse_durations([]), file_data, Path("f"), env)["timeout"] == 3600.0
 
 
-@pytest.mark.parametrize(
-    ("argv", "env", "file_data", "warning"),
-    [
-        (["--timeout-s", "12"], {}, {}, "--timeout-s is deprecated"),
-        ([], {"GPUPROBE_TIMEOUT_S": "12s"}, {}, "environment variable GPUPROBE_TIMEOUT_S is deprecated"),
-        ([], {}, {"timeout_s": 12}, "f.toml: key timeout_s is deprecated"),
-        ([], {}, {"collector": {"timeout_s": "12s"}}, r"f.toml [collector]: key timeout_s is deprecated"),
-    ],
-)
-def test_an_old_spelling_still_works_and_warns(
-    argv: list[str], env: dict[str, str], file_data: dict[str, Any], warning: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.WARNING, logger="gpuprobe.config"):
-        values = resolve("collector", DURATIONS, parse_durations(argv), file_data, Path("f.toml"), environ=env)
-    assert values["timeout"] == 12.0
-    (record,) = [r for r in caplog.records if "deprecated" in r.getMessage()]
-    assert warning in record.getMessage() and "\n" not in record.getMessage()
-    assert "will be removed in the next release; use " in record.getMessage()
-
-
-def test_the_new_spelling_wins_over_the_old_one_in_each_source(caplog: pytest.LogCaptureFixture) -> None:
-    both_flags = parse_durations(["--timeout-s", "1", "--timeout", "2"])
-    assert resolve("collector", DURATIONS, both_flags, {}, None, environ={})["timeout"] == 2.0
-    env = {"GPUPROBE_TIMEOUT_S": "1", "GPUPROBE_TIMEOUT": "3"}
-    assert resolve("collector", DURATIONS, parse_durations([]), {}, None, environ=env)["timeout"] == 3.0
-    file_data = {"timeout_s": 1, "timeout": 4}
-    assert resolve("collector", DURATIONS, parse_durations([]), file_data, Path("f"), environ={})["timeout"] == 4.0
-    # a more specific table wins whichever spelling it uses, as with any key
-    file_data = {"timeout": 4, "collector": {"timeout_s": 5}}
-    assert resolve("collector", DURATIONS, parse_durations([]), file_data, Path("f"), environ={})["timeout"] == 5.0
-    assert not [r for r in caplog.records if "--timeout-s" in r.getMessage() or "TIMEOUT_S" in r.getMessage()]
-
-
-def test_an_old_spelling_keeps_its_old_unit() -> None:
-    assert resolve("sim.run", DURATIONS, parse_durations(["--period-ms", "50"]), {}, None, {})["period"] == 0.05
-    assert resolve("sim.run", DURATIONS, parse_durations([]), {"period_ms": 20}, Path("f"), {})["period"] == 0.02
-    run = next(c for c in all_commands() if c.name == "sim.run")
-    old = run.options[[o.name for o in run.options].index("period")].deprecated_spelling
-    assert old is not None and old.convert("50", "test") == 0.05
-
-
-def test_old_spellings_are_hidden_from_help_but_known_to_files(tmp_path: Path) -> None:
-    parser = argparse.ArgumentParser()
-    add_options(parser, DURATIONS)
-    text = parser.format_help()
-    assert "--timeout DURATION" in text and "--timeout-s" not in text and "--period-ms" not in text
-    check_keys({"collector": {"timeout_s": 1}}, {"collector": {k for o in DURATIONS for k in o.file_keys}}, Path("f"))
-
-
-def test_the_real_cli_takes_an_old_spelling_from_every_source_and_warns(tmp_path: Path) -> None:
-    # `gpuprobe model` without --probe stops right after reading its options: no InfluxDB needed
+def test_the_old_unit_suffixed_spellings_are_refused(tmp_path: Path) -> None:
+    # nothing has been released, so a renamed option has one spelling; a typo of it is refused, not ignored
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+    result = gpuprobe("model", "--influx-timeout-s", "5", env=env)
+    assert result.returncode == 2 and "--influx-timeout-s" in result.stderr, result.stderr
     config = tmp_path / "gpuprobe.toml"
     config.write_text("[model]\ninflux_timeout_s = 5\n")
-    for args, extra_env, old, new in [
-        (["model", "--influx-timeout-s", "5"], {}, "--influx-timeout-s", "use --influx-timeout"),
-        (["model"], {"GPUPROBE_INFLUX_TIMEOUT_S": "5s"}, "GPUPROBE_INFLUX_TIMEOUT_S", "use GPUPROBE_INFLUX_TIMEOUT"),
-        (["--config", str(config), "model"], {}, "[model]: key influx_timeout_s", "use key influx_timeout"),
-    ]:
-        result = gpuprobe(*args, env=dict(env, **extra_env))
-        assert result.returncode == 2, result.stderr
-        assert "give --probe ID" in result.stderr and "unknown option" not in result.stderr, result.stderr
-        (warning,) = [line for line in result.stderr.splitlines() if "deprecated" in line]
-        assert old in warning and warning.endswith(new), warning
-    # the old spelling's value is checked like the new one's
-    result = gpuprobe("model", "--influx-timeout-s", "0", env=env)
-    assert result.returncode == 2 and "--influx-timeout must be positive" in result.stderr, result.stderr
+    result = gpuprobe("--config", str(config), "model", env=env)
+    assert result.returncode == 2 and "influx_timeout_s" in result.stderr, result.stderr
+    assert "deprecated" not in result.stderr
 
 
 def _help_of(parser: argparse.ArgumentParser, cmd: Command) -> str:
@@ -377,20 +312,6 @@ def test_every_duration_option_of_every_command_says_duration_in_its_help() -> N
                 if opt.default is not None:
                     assert f"default {format_duration(opt.default)})" in text, (cmd.name, opt.flag)
     assert checked > 40  # every part's commands took part
-
-
-def test_docs_list_every_deprecated_spelling_with_its_new_one() -> None:
-    text = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
-    table = text.split("### Deprecated spellings", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in table.splitlines() if line.startswith("| `--")]
-    renamed = {(o.deprecated_spelling.flag, o.flag) for c in all_commands() for o in c.options if o.deprecated_spelling}
-    assert renamed, "no option has a deprecated spelling any more: drop the table and this test"
-    for old, new in renamed:
-        row = next((r for r in rows if r.startswith(f"| `{old}`,")), None)
-        assert row is not None, f"docs/architecture.md does not list {old}"
-        env, key = old.removeprefix("--").replace("-", "_").upper(), old.removeprefix("--").replace("-", "_")
-        assert f"`GPUPROBE_{env}`" in row and f"`{key}`" in row and f"| `{new}` |" in row, row
-    assert len(rows) == len(renamed), "the table lists a spelling no option has"
 
 
 @pytest.mark.parametrize(("given", "policy"), [(None, ""), ("", ""), ("0", ""), ("90d", "90d"), ("36h", "36h")])

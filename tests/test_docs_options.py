@@ -105,8 +105,6 @@ def test_every_documented_gpuprobe_variable_is_read_by_the_cli() -> None:
     for command in all_commands():
         for option in command.options:
             known.add(option.env_var)
-            if option.deprecated_spelling is not None:
-                known.add(option.deprecated_spelling.env_var)
     problems = []
     for doc in DOCS:
         for number, line in enumerate(doc.read_text().splitlines(), 1):

@@ -114,7 +114,7 @@ def test_collector_killed_with_sigkill_mid_stream_and_restarted_loses_and_duplic
         "--influx-url", influxdb.server.url,
         "--influx-db", influxdb.name,
         "--wal", str(tmp_path / "wal"),
-        "--sink-max-backoff-s", "0.5",
+        "--sink-max-backoff", "0.5",
         "--metrics-listen", f"127.0.0.1:{metrics_port}",
     )  # fmt: skip
     process.start()
@@ -326,7 +326,7 @@ def test_sigterm_acks_what_is_durable_ends_streams_with_unavailable_and_keeps_th
     influxdb: InfluxDBDatabase, tmp_path: Path, collector_process: Callable[..., CollectorProcess]
 ) -> None:
     dead_influx = f"http://127.0.0.1:{free_port()}"
-    common = ["--insecure", "--influx-db", influxdb.name, "--wal", str(tmp_path / "wal"), "--sink-max-backoff-s", "0.3"]
+    common = ["--insecure", "--influx-db", influxdb.name, "--wal", str(tmp_path / "wal"), "--sink-max-backoff", "0.3"]
     first = collector_process(*common, "--influx-url", dead_influx, "--drain-timeout", "1")
     first.start()
     fleet = Fleet(f"127.0.0.1:{first.port}", ["term-1"], gpus=2)
