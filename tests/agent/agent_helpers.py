@@ -17,11 +17,12 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+from support import clean_env, gpuprobe_command, stays, wait_until
 
 from gpuprobe.sim.profiles import PROFILES, GpuProfile, with_overrides
 from gpuprobe.sim.runner import SimMachine, open_machine
@@ -31,25 +32,7 @@ HERE = Path(__file__).resolve().parent
 RECEIVER = HERE / "receiver.py"
 RECORDER = HERE / "nvml_recorder.py"
 
-
-def gpuprobe_command() -> list[str]:
-    script = Path(sys.executable).parent / "gpuprobe"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuprobe"]
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROBE_", "NOTIFY_SOCKET", "WATCHDOG_"))}
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+T = TypeVar("T")
 
 
 def read_records(path: Path) -> list[bytes]:
@@ -68,13 +51,16 @@ def read_records(path: Path) -> list[bytes]:
     return out
 
 
-def machine(root: Path, profiles: Sequence[GpuProfile | str], **overrides: object) -> SimMachine:
-    """A simulated machine under ``root``; ``overrides`` (e.g. ``tau_s=2``) apply to every GPU."""
+def machine(
+    root: Path, profiles: Sequence[GpuProfile | str], *, period_s: float = 0.1, **overrides: object
+) -> SimMachine:
+    """A simulated machine under ``root`` whose driver updates every ``period_s``; ``overrides`` (e.g.
+    ``tau_s=2``) apply to every GPU."""
     resolved = [PROFILES[p] if isinstance(p, str) else p for p in profiles]
     if overrides:
         changes = {k: str(v) for k, v in overrides.items()}
         resolved = [with_overrides(p, changes) for p in resolved]
-    return open_machine(root, resolved, 0.1)
+    return open_machine(root, resolved, period_s)
 
 
 @dataclass
@@ -168,9 +154,14 @@ class Agent:
             return match
 
         try:
-            return wait_until(found, timeout, what=f"agent log {pattern!r}")  # type: ignore[no-any-return]
+            return wait_until(found, timeout, f"agent log {pattern!r}", interval_s=0.1)
         except AssertionError as e:
             raise AssertionError(f"{e}\n--- agent log\n{self.log()}") from None
+
+    def runs_for(self, duration_s: float, what: str) -> None:
+        """Let the agent run for ``duration_s`` (a phase whose length is what the test is about), failing
+        at once, with its log, if it exits meanwhile."""
+        stays(self.running, duration_s, f"the agent running ({what})", interval_s=0.1, describe=self.log)
 
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
@@ -245,6 +236,29 @@ def unique_batches(batches: Sequence[telemetry_pb2.SampleBatch]) -> dict[int, te
         else:
             out[b.seq] = b
     return out
+
+
+def wait_for_batches(
+    receiver: Receiver,
+    predicate: Callable[[dict[int, telemetry_pb2.SampleBatch]], T],
+    what: str,
+    timeout_s: float = 20.0,
+    agent: Agent | None = None,
+) -> T:
+    """Wait until what ``receiver`` stored (seq -> batch, replays folded) satisfies ``predicate``; returns
+    its value. The failure names what was awaited and how many batches had arrived, and with ``agent``
+    fails at once if the agent exits, with its log."""
+
+    def check() -> T:
+        if agent is not None and not agent.running():
+            raise AssertionError(f"the agent exited while waiting for {what}\n--- agent log\n{agent.log()}")
+        return predicate(unique_batches(receiver.batches()))
+
+    def seen() -> str:
+        batches = unique_batches(receiver.batches())
+        return f"{len(batches)} batches, seqs {min(batches, default=0)}..{max(batches, default=0)}"
+
+    return wait_until(check, timeout_s, what, interval_s=0.1, describe=seen)
 
 
 SAMPLE_FIELDS = (  # every repeated field of SampleBatch whose entries count as samples (samples_taken)
