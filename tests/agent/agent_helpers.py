@@ -17,6 +17,8 @@ import signal
 import struct
 import subprocess
 import sys
+import urllib.request
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +159,12 @@ class Agent:
             return wait_until(found, timeout, f"agent log {pattern!r}", interval_s=0.1)
         except AssertionError as e:
             raise AssertionError(f"{e}\n--- agent log\n{self.log()}") from None
+
+    def metrics(self) -> dict[str, float]:
+        """The agent's Prometheus counters (started with ``--metrics-listen 127.0.0.1:0``), by name."""
+        port = self.wait_for_log(r"Prometheus metrics on http://127\.0\.0\.1:(\d+)/metrics").group(1)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(gpuprobe_agent_\w+) (\S+)$", body, re.M)}
 
     def runs_for(self, duration_s: float, what: str) -> None:
         """Let the agent run for ``duration_s`` (a phase whose length is what the test is about), failing
@@ -307,6 +315,28 @@ def assert_no_loss_no_duplicates(
         times.sort()
         if not check_gaps:
             continue
-        gaps = sum(max(0, round((b - a) / (interval_s * 1e9)) - 1) for a, b in itertools.pairwise(times))
+        ticks = tick_numbers(times, round(interval_s * 1e9))
+        gaps = sum(max(0, b - a - 1) for a, b in itertools.pairwise(ticks))
         assert gaps <= missed, f"GPU {gpu}: {gaps} missing ticks but the agent counted {missed} missed"
     return by_gpu
+
+
+# how much earlier than the schedule's common phase a sample may be stamped (clock noise) and still count
+# as its tick's; a sample later than the phase by up to one interval less this is late, not in another tick
+_PHASE_MARGIN_NS = 5_000_000
+
+
+def tick_numbers(times_ns: Sequence[int], interval_ns: int) -> list[int]:
+    """The tick of the agent's schedule each sorted sample time belongs to, counted from the first.
+
+    Ticks are due every ``interval_ns`` from a fixed phase and a sample is stamped at or after its tick is
+    due, late by however long the CPU kept the sampler waiting. Rounding the time between two samples to
+    whole intervals takes a tick more than half an interval late for a missing one (a busy CPU wakes a
+    sleeping thread that late); here the phase is that of the punctual ticks (the most common offset, in
+    1 ms steps), and a sample belongs to the last tick due before it, so any lateness under one interval is
+    told apart from a missing tick."""
+    if not times_ns:
+        return []
+    offsets = Counter(((t - times_ns[0]) % interval_ns) // 1_000_000 for t in times_ns)
+    phase_ns = offsets.most_common(1)[0][0] * 1_000_000 - _PHASE_MARGIN_NS
+    return [(t - times_ns[0] - phase_ns) // interval_ns for t in times_ns]
