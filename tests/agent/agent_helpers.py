@@ -156,9 +156,11 @@ class Agent:
             return match
 
         try:
-            return wait_until(found, timeout, f"agent log {pattern!r}", interval_s=0.1)
+            match = wait_until(found, timeout, f"agent log {pattern!r}", interval_s=0.1)
         except AssertionError as e:
             raise AssertionError(f"{e}\n--- agent log\n{self.log()}") from None
+        assert match is not None  # wait_until returns only a truthy value
+        return match
 
     def metrics(self) -> dict[str, float]:
         """The agent's Prometheus counters (started with ``--metrics-listen 127.0.0.1:0``), by name."""
