@@ -17,11 +17,14 @@ import signal
 import struct
 import subprocess
 import sys
-import time
+import urllib.request
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+from support import clean_env, gpuprobe_command, stays, wait_until
 
 from gpuprobe.sim.profiles import PROFILES, GpuProfile, with_overrides
 from gpuprobe.sim.runner import SimMachine, open_machine
@@ -31,25 +34,7 @@ HERE = Path(__file__).resolve().parent
 RECEIVER = HERE / "receiver.py"
 RECORDER = HERE / "nvml_recorder.py"
 
-
-def gpuprobe_command() -> list[str]:
-    script = Path(sys.executable).parent / "gpuprobe"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuprobe"]
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROBE_", "NOTIFY_SOCKET", "WATCHDOG_"))}
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+T = TypeVar("T")
 
 
 def read_records(path: Path) -> list[bytes]:
@@ -68,13 +53,16 @@ def read_records(path: Path) -> list[bytes]:
     return out
 
 
-def machine(root: Path, profiles: Sequence[GpuProfile | str], **overrides: object) -> SimMachine:
-    """A simulated machine under ``root``; ``overrides`` (e.g. ``tau_s=2``) apply to every GPU."""
+def machine(
+    root: Path, profiles: Sequence[GpuProfile | str], *, period_s: float = 0.1, **overrides: object
+) -> SimMachine:
+    """A simulated machine under ``root`` whose driver updates every ``period_s``; ``overrides`` (e.g.
+    ``tau_s=2``) apply to every GPU."""
     resolved = [PROFILES[p] if isinstance(p, str) else p for p in profiles]
     if overrides:
         changes = {k: str(v) for k, v in overrides.items()}
         resolved = [with_overrides(p, changes) for p in resolved]
-    return open_machine(root, resolved, 0.1)
+    return open_machine(root, resolved, period_s)
 
 
 @dataclass
@@ -168,9 +156,22 @@ class Agent:
             return match
 
         try:
-            return wait_until(found, timeout, what=f"agent log {pattern!r}")  # type: ignore[no-any-return]
+            match = wait_until(found, timeout, f"agent log {pattern!r}", interval_s=0.1)
         except AssertionError as e:
             raise AssertionError(f"{e}\n--- agent log\n{self.log()}") from None
+        assert match is not None  # wait_until returns only a truthy value
+        return match
+
+    def metrics(self) -> dict[str, float]:
+        """The agent's Prometheus counters (started with ``--metrics-listen 127.0.0.1:0``), by name."""
+        port = self.wait_for_log(r"Prometheus metrics on http://127\.0\.0\.1:(\d+)/metrics").group(1)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(gpuprobe_agent_\w+) (\S+)$", body, re.M)}
+
+    def runs_for(self, duration_s: float, what: str) -> None:
+        """Let the agent run for ``duration_s`` (a phase whose length is what the test is about), failing
+        at once, with its log, if it exits meanwhile."""
+        stays(self.running, duration_s, f"the agent running ({what})", interval_s=0.1, describe=self.log)
 
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
@@ -247,6 +248,29 @@ def unique_batches(batches: Sequence[telemetry_pb2.SampleBatch]) -> dict[int, te
     return out
 
 
+def wait_for_batches(
+    receiver: Receiver,
+    predicate: Callable[[dict[int, telemetry_pb2.SampleBatch]], T],
+    what: str,
+    timeout_s: float = 20.0,
+    agent: Agent | None = None,
+) -> T:
+    """Wait until what ``receiver`` stored (seq -> batch, replays folded) satisfies ``predicate``; returns
+    its value. The failure names what was awaited and how many batches had arrived, and with ``agent``
+    fails at once if the agent exits, with its log."""
+
+    def check() -> T:
+        if agent is not None and not agent.running():
+            raise AssertionError(f"the agent exited while waiting for {what}\n--- agent log\n{agent.log()}")
+        return predicate(unique_batches(receiver.batches()))
+
+    def seen() -> str:
+        batches = unique_batches(receiver.batches())
+        return f"{len(batches)} batches, seqs {min(batches, default=0)}..{max(batches, default=0)}"
+
+    return wait_until(check, timeout_s, what, interval_s=0.1, describe=seen)
+
+
 SAMPLE_FIELDS = (  # every repeated field of SampleBatch whose entries count as samples (samples_taken)
     "gpu_samples",
     "node_samples",
@@ -293,6 +317,28 @@ def assert_no_loss_no_duplicates(
         times.sort()
         if not check_gaps:
             continue
-        gaps = sum(max(0, round((b - a) / (interval_s * 1e9)) - 1) for a, b in itertools.pairwise(times))
+        ticks = tick_numbers(times, round(interval_s * 1e9))
+        gaps = sum(max(0, b - a - 1) for a, b in itertools.pairwise(ticks))
         assert gaps <= missed, f"GPU {gpu}: {gaps} missing ticks but the agent counted {missed} missed"
     return by_gpu
+
+
+# how much earlier than the schedule's common phase a sample may be stamped (clock noise) and still count
+# as its tick's; a sample later than the phase by up to one interval less this is late, not in another tick
+_PHASE_MARGIN_NS = 5_000_000
+
+
+def tick_numbers(times_ns: Sequence[int], interval_ns: int) -> list[int]:
+    """The tick of the agent's schedule each sorted sample time belongs to, counted from the first.
+
+    Ticks are due every ``interval_ns`` from a fixed phase and a sample is stamped at or after its tick is
+    due, late by however long the CPU kept the sampler waiting. Rounding the time between two samples to
+    whole intervals takes a tick more than half an interval late for a missing one (a busy CPU wakes a
+    sleeping thread that late); here the phase is that of the punctual ticks (the most common offset, in
+    1 ms steps), and a sample belongs to the last tick due before it, so any lateness under one interval is
+    told apart from a missing tick."""
+    if not times_ns:
+        return []
+    offsets = Counter(((t - times_ns[0]) % interval_ns) // 1_000_000 for t in times_ns)
+    phase_ns = offsets.most_common(1)[0][0] * 1_000_000 - _PHASE_MARGIN_NS
+    return [(t - times_ns[0] - phase_ns) // interval_ns for t in times_ns]

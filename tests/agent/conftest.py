@@ -12,10 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from agent_helpers import AgentFactory, Receiver, machine
-
-from gpuprobe.devservices.ports import free_port
-from gpuprobe.sim.runner import SimMachine
+from agent_helpers import AgentFactory, Receiver
+from support import free_port
 
 
 @pytest.fixture
@@ -46,12 +44,3 @@ def receiver_factory(tmp_path: Path) -> Iterator[Callable[..., Receiver]]:
 @pytest.fixture
 def receiver(receiver_factory: Callable[..., Receiver]) -> Receiver:
     return receiver_factory()
-
-
-@pytest.fixture
-def sim8(tmp_path: Path) -> SimMachine:
-    """Eight mixed GPUs: passive datacenter parts (H100, A100, L4) and fan-cooled RTX 4090s."""
-    return machine(
-        tmp_path / "sim",
-        ["H100-SXM5-80GB"] * 3 + ["A100-SXM4-80GB"] * 2 + ["RTX-4090"] * 2 + ["L4"],
-    )

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from agent_helpers import AgentFactory, Receiver, machine, unique_batches
+from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_for_batches
 
 from gpuprobe.agent.sensors.acoustic import a_weighting_db
 from gpuprobe.agent.sensors.proxy import ProxyParams, chassis_speed_pct, sum_db
@@ -75,7 +74,8 @@ def test_microphone_reads_the_a_weighted_level_of_a_calibrated_tone(
         env=env,
     )  # fmt: skip
     agent.wait_for_log("microphone: 'default' at 48000 Hz")
-    time.sleep(5)
+    # the first window (the filters' start-up) and three steady ones
+    wait_for_batches(receiver, lambda _: len(mic_levels(receiver)) >= 4, "4 one-second mic windows", agent=agent)
     assert agent.terminate() == 0
     levels = mic_levels(receiver)
     assert len(levels) >= 3, agent.log()
@@ -100,7 +100,11 @@ def test_missing_microphone_logs_once_and_the_proxy_keeps_going(
     sim = machine(tmp_path / "sim", ["RTX-4090"])
     agent = agent_factory(sim, [receiver.address], "--mic-device", "no-such-microphone")
     agent.wait_for_log("streaming to collector")
-    time.sleep(2.5)
+
+    def proxy_seconds(batches: dict[int, telemetry_pb2.SampleBatch]) -> int:
+        return len({s.time_unix_ns for b in batches.values() for s in b.acoustic_samples})
+
+    wait_for_batches(receiver, lambda got: proxy_seconds(got) >= 2, "2 seconds of proxy estimates", agent=agent)
     assert agent.terminate() == 0
     log = agent.log()
     assert log.count("microphone disabled") == 1
@@ -118,14 +122,39 @@ def test_proxy_follows_the_fan_law_on_fan_cooled_gpus_and_the_heat_on_passive_on
         sim, [receiver.address], "--proxy-fan-rated-dba", "50", "--proxy-floor-dba", "0", "--proxy-tdp-fraction", "0.8"
     )
     agent.wait_for_log("streaming to collector")
-    time.sleep(2)
+
+    def proxy_of(batches: dict[int, telemetry_pb2.SampleBatch]) -> list[telemetry_pb2.AcousticSample]:
+        return [
+            s for b in batches.values() for s in b.acoustic_samples if s.source == telemetry_pb2.ACOUSTIC_SOURCE_PROXY
+        ]
+
+    def per_gpu(batches: dict[int, telemetry_pb2.SampleBatch], index: int) -> list[telemetry_pb2.AcousticSample]:
+        return [s for s in proxy_of(batches) if s.HasField("gpu_index") and s.gpu_index == index]
+
+    # an idle estimate of both GPUs before the load
+    idle = "an idle estimate of both GPUs"
+    wait_for_batches(receiver, lambda got: per_gpu(got, 0) and per_gpu(got, 1), idle, agent=agent)
     state.set_load(sim.state_dir, 0, 100)
     state.set_load(sim.state_dir, 1, 100)
-    time.sleep(8)
+
+    def ramped(batches: dict[int, telemetry_pb2.SampleBatch]) -> bool:
+        """The fan speeds behind GPU 0's estimates grew by 1.5 and GPU 1's and the node's TDP flags are on."""
+        fan_of = {s.time_unix_ns: s.fan_pct for b in batches.values() for s in b.gpu_samples if s.gpu_index == 0}
+        fans = [fan_of[e.time_unix_ns] for e in per_gpu(batches, 0) if e.time_unix_ns in fan_of]
+        nodes = [s for s in proxy_of(batches) if not s.HasField("gpu_index")]
+        flags = per_gpu(batches, 1)
+        return (
+            bool(fans and nodes and flags)
+            and max(fans) / min(fans) >= 1.5
+            and flags[-1].tdp_flag
+            and nodes[-1].tdp_flag
+        )
+
+    wait_for_batches(receiver, ramped, "the fan ramped and the TDP flags on", timeout_s=30, agent=agent)
     assert agent.terminate() == 0
     batches = unique_batches(receiver.batches())
     gpu = {(s.gpu_index, s.time_unix_ns): s for b in batches.values() for s in b.gpu_samples}
-    proxy = [s for b in batches.values() for s in b.acoustic_samples if s.source == telemetry_pb2.ACOUSTIC_SOURCE_PROXY]
+    proxy = proxy_of(batches)
     params = ProxyParams(fan_rated_dba=50, floor_dba=0, tdp_fraction=0.8)
 
     fan_points: list[tuple[float, float]] = []

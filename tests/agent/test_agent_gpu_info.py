@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agent_helpers import AgentFactory, Receiver, machine, unique_batches
+from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_for_batches
+from support import wait_until
 
 from gpuprobe.sim import state
 from gpuprobe.sim.profiles import PROFILES
-from gpuprobe.v1 import common_pb2
+from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 NODE = ["H100-SXM5-80GB", "L4", "RTX-4090"]
 
@@ -36,15 +37,21 @@ def test_the_first_batch_carries_every_gpus_facts_and_a_change_is_sent_once_more
     tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
 ) -> None:
     sim = machine(tmp_path / "sim", NODE)
-    state.set_failed(sim.state_dir, 2, True)  # GPU 2 is lost before the agent starts
-    time.sleep(0.3)
+    # GPU 2 is lost before the agent starts: the loss takes effect at the sim's next tick boundary
+    effective_ns = sim.config().next_tick_ns(state.set_failed(sim.state_dir, 2, True))
+    wait_until(lambda: time.time_ns() >= effective_ns, 5, "the tick at which GPU 2 is lost", interval_s=0.01)
     agent = agent_factory(sim, [receiver.address])
     agent.wait_for_log(r"GPU 2 is lost .*it joins when it answers")
     agent.wait_for_log("streaming to collector")
-    time.sleep(2.5)  # several batches (flush interval 1 s) without GPU 2
+    # several batches (flush interval 1 s) without GPU 2
+    wait_for_batches(receiver, lambda got: len(got) >= 3, "3 batches without GPU 2", agent=agent)
     back_at = state.set_failed(sim.state_dir, 2, False)
     agent.wait_for_log(r"GPU 2 \(NVIDIA GeForce RTX 4090, GPU-[0-9a-f-]+\) answers: sampling it begins")
-    time.sleep(2.5)
+
+    def gpu2_sampled(batches: dict[int, telemetry_pb2.SampleBatch]) -> bool:
+        return any(s.gpu_index == 2 and s.time_unix_ns > back_at for b in batches.values() for s in b.gpu_samples)
+
+    wait_for_batches(receiver, gpu2_sampled, "a batch with samples of GPU 2", agent=agent)
     assert agent.terminate() == 0
     assert "everything was delivered" in agent.log(), agent.log()
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import re
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
-from agent_helpers import AgentFactory, Receiver, clean_env, gpuprobe_command, machine, unique_batches
+from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_for_batches
+from support import clean_env, gpuprobe_command, stays, wait_until
 
 from gpuprobe.sim import state
 
@@ -20,13 +18,22 @@ def test_a_lost_gpu_is_reported_and_the_others_keep_being_sampled(
     sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"] * 3)
     agent = agent_factory(sim, [receiver.address])
     agent.wait_for_log("streaming to collector")
-    time.sleep(1.5)
+    wait_for_batches(receiver, lambda got: len(got) >= 1, "the first batch", agent=agent)
     lost_at = state.set_failed(sim.state_dir, 1, True)
     agent.wait_for_log(r"GPU 1 \(NVIDIA H100 80GB HBM3, GPU-[0-9a-f-]+\) is lost \(.*GPU_IS_LOST\)")
-    time.sleep(3)
+    # lost for a while: the agent tries the GPU again once a second (lost_retry_s), and neither those
+    # tries nor the ticks log it again
+    once = "the loss logged once, the agent running"
+    stays(lambda: agent.running() and agent.log().count("is lost") == 1, 2.5, once, describe=agent.log)
     back_at = state.set_failed(sim.state_dir, 1, False)
     agent.wait_for_log("GPU 1 .* answers again")
-    time.sleep(1.5)
+    resumed = "a sample of GPU 1 after it came back"
+    wait_for_batches(
+        receiver,
+        lambda got: any(s.gpu_index == 1 and s.time_unix_ns > back_at for b in got.values() for s in b.gpu_samples),
+        resumed,
+        agent=agent,
+    )
     assert agent.terminate() == 0
     log = agent.log()
     assert log.count("is lost") == 1, "logged once, not once per tick"
@@ -53,11 +60,14 @@ def test_sampling_at_50_hz_and_the_prometheus_counters(
 ) -> None:
     sim = machine(tmp_path / "sim", ["RTX-4090", "A100-SXM4-80GB"])
     agent = agent_factory(sim, [receiver.address], "--interval", "0.02", "--metrics-listen", "127.0.0.1:0")
-    port = int(agent.wait_for_log(r"Prometheus metrics on http://127.0.0.1:(\d+)/metrics").group(1))
     agent.wait_for_log("streaming to collector")
-    time.sleep(3)
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    metrics = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(gpuprobe_agent_\w+) (\S+)$", body, re.M)}
+
+    def sampled_and_acked() -> dict[str, float]:
+        metrics = agent.metrics()
+        taken, acked = metrics["gpuprobe_agent_samples_taken_total"], metrics["gpuprobe_agent_samples_acked_total"]
+        return metrics if taken > 200 and acked > 0 else {}
+
+    metrics = wait_until(sampled_and_acked, 20, "200 samples taken and some acked", interval_s=0.2)
     assert metrics["gpuprobe_agent_samples_taken_total"] > 200
     assert metrics["gpuprobe_agent_samples_acked_total"] > 0
     assert metrics["gpuprobe_agent_samples_sent_total"] >= metrics["gpuprobe_agent_samples_acked_total"]
@@ -183,7 +193,8 @@ def test_without_nvml_the_agent_samples_the_host_with_its_hwmon_sensors(
     agent = agent_factory(None, [receiver.address], "--hwmon-dir", str(tmp_path / "hwmon"))  # no simulated GPUs
     agent.wait_for_log("NVML is not available")
     agent.wait_for_log("streaming to collector")
-    time.sleep(2.5)
+    two = "2 host samples"
+    wait_for_batches(receiver, lambda got: sum(len(b.node_samples) for b in got.values()) >= 2, two, agent=agent)
     assert agent.terminate() == 0
     batches = unique_batches(receiver.batches())
     nodes = [s for b in batches.values() for s in b.node_samples]

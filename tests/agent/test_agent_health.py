@@ -1,27 +1,20 @@
 """GPU health (issue 12): events, health counters, processes and the health rule.
 
-The agent tests run a real ``gpuprobe agent`` against the simulator (``gpuprobe sim fail --xid`` and
-friends inject the failures) and read what the receiver stored; the rule and the process table are
-also checked directly (pure Python, no NVML).
+The agent tests run a real ``gpuprobe agent`` against the simulator (the failures are injected through
+the simulator's state functions, the ones ``gpuprobe sim fail --xid`` and friends call; tests/sim checks
+that command) and read what the receiver stored; the rule and the process table are also checked directly
+(pure Python, no NVML).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
-from agent_helpers import (
-    AgentFactory,
-    Receiver,
-    batch_samples,
-    clean_env,
-    gpuprobe_command,
-    machine,
-    unique_batches,
-)
+from agent_helpers import AgentFactory, Receiver, batch_samples, machine, unique_batches, wait_for_batches
 
 from gpuprobe.agent.health import DEGRADED, FAILED, HEALTHY, HealthTracker
 from gpuprobe.agent.sensors.events import lost_event, xid_text
@@ -31,17 +24,6 @@ from gpuprobe.sim import state
 from gpuprobe.v1 import telemetry_pb2
 
 XID = telemetry_pb2.GPU_EVENT_KIND_XID
-
-
-def sim_fail(sim_dir: Path, *args: str) -> None:
-    out = subprocess.run(
-        [*gpuprobe_command(), "sim", "fail", "--state-dir", str(sim_dir), *args],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
 
 
 def xid(code: int, gpu: int = 0) -> telemetry_pb2.GpuEvent:
@@ -160,13 +142,25 @@ def health_samples(batches: dict[int, telemetry_pb2.SampleBatch], gpu: int) -> l
     return [s for b in batches.values() for s in b.gpu_samples if s.gpu_index == gpu and s.HasField("health")]
 
 
+def health_reads(gpus: range, at_least: int) -> Callable[[dict[int, telemetry_pb2.SampleBatch]], bool]:
+    """A ``wait_for_batches`` predicate: every GPU in ``gpus`` has ``at_least`` health samples received."""
+    return lambda batches: all(len(health_samples(batches, g)) >= at_least for g in gpus)
+
+
 def test_health_fields_once_a_second_and_absent_where_unsupported(
     tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
 ) -> None:
     sim = machine(tmp_path / "sim", ["H100-SXM5-80GB", "A100-SXM4-80GB", "RTX-4090"])
     agent = agent_factory(sim, [receiver.address])
     agent.wait_for_log("streaming to collector")
-    time.sleep(4)
+
+    # 3 health reads and 33 ticks of every GPU: past the stops (after 21..24 or 31..32 ticks) at which one
+    # read in 10 ticks would not yet show as more than 8 plain samples per health sample
+    def three_reads(batches: dict[int, telemetry_pb2.SampleBatch]) -> bool:
+        plain = Counter(s.gpu_index for b in batches.values() for s in b.gpu_samples)
+        return health_reads(range(3), 3)(batches) and all(plain[g] >= 33 for g in range(3))
+
+    wait_for_batches(receiver, three_reads, "3 health reads and 33 ticks of every GPU", agent=agent)
     assert agent.terminate() == 0
     batches = unique_batches(receiver.batches())
     infos = {i.index: i for b in batches.values() for i in b.gpu_info}
@@ -205,20 +199,32 @@ def test_an_xid_arrives_once_and_fails_the_gpu(tmp_path: Path, receiver: Receive
     sim = machine(tmp_path / "sim", ["H100-SXM5-80GB", "H100-SXM5-80GB"])
     agent = agent_factory(sim, [receiver.address])
     agent.wait_for_log("streaming to collector")
-    time.sleep(1.5)
-    sim_fail(sim.state_dir, "--gpu", "1", "--xid", "13")
+    wait_for_batches(receiver, health_reads(range(2), 1), "a healthy read of both GPUs", agent=agent)
+    state.inject_xid(sim.state_dir, 1, 13)
     agent.wait_for_log(r"GPU 1: XID 13: Graphics engine exception")
-    sim_fail(sim.state_dir, "--gpu", "0", "--xid", "79")
+    state.inject_xid(sim.state_dir, 0, 79)
     agent.wait_for_log(r"GPU 0 health: failed \(.*XID 79: GPU has fallen off the bus")
-    time.sleep(2.5)
-    sim_fail(sim.state_dir, "--gpu", "0", "--recover")
+    agent.wait_for_log(r"GPU 0 \(.*\) is lost \(.*GPU_IS_LOST\)")  # the reads found it gone: its LOST event
+    state.set_failed(sim.state_dir, 0, False)  # a GPU reset
     agent.wait_for_log(r"GPU 0 health: healthy")
-    time.sleep(2)
+
+    def healthy_after_recovery(batches: dict[int, telemetry_pb2.SampleBatch]) -> bool:
+        recovered = [
+            e.time_unix_ns
+            for b in batches.values()
+            for e in b.gpu_events
+            if e.kind == telemetry_pb2.GPU_EVENT_KIND_RECOVERED
+        ]
+        return bool(recovered) and any(s.time_unix_ns > recovered[0] for s in health_samples(batches, 0))
+
+    wait_for_batches(receiver, healthy_after_recovery, "a health read of GPU 0 after it recovered", agent=agent)
     assert agent.terminate() == 0
-    # a restart does not send them again
+    # a restart does not send them again: the second agent's first batches (where a replay of NVML's
+    # event history would land) carry none of them
+    last_seq = max(unique_batches(receiver.batches()))
     agent2 = agent_factory(sim, [receiver.address])
     agent2.wait_for_log("streaming to collector")
-    time.sleep(2)
+    wait_for_batches(receiver, lambda got: max(got) >= last_seq + 2, "two batches of the restarted agent", agent=agent2)
     assert agent2.terminate() == 0
 
     batches = unique_batches(receiver.batches())
@@ -241,14 +247,25 @@ def test_double_bit_ecc_fails_and_a_pending_remap_degrades(
     sim = machine(tmp_path / "sim", ["A100-SXM4-80GB", "A100-SXM4-80GB", "H100-SXM5-80GB"])
     agent = agent_factory(sim, [receiver.address])
     agent.wait_for_log("streaming to collector")
-    time.sleep(1.5)
-    sim_fail(sim.state_dir, "--gpu", "0", "--ecc-dbe")
-    sim_fail(sim.state_dir, "--gpu", "1", "--remap-pending")
-    sim_fail(sim.state_dir, "--gpu", "2", "--nvlink-errors", "5", "--link", "3")
+
+    def link3(batches: dict[int, telemetry_pb2.SampleBatch]) -> list[telemetry_pb2.NvLinkSample]:
+        return [n for b in batches.values() for n in b.nvlink_samples if n.gpu_index == 2 and n.link == 3]
+
+    # the first health read (every link's first point, no errors yet) before the faults
+    wait_for_batches(receiver, health_reads(range(3), 1), "a health read of every GPU", agent=agent)
+    assert link3(unique_batches(receiver.batches()))
+    state.inject_ecc(sim.state_dir, 0, double_bit=True)
+    state.inject_remap(sim.state_dir, 1, failure=False)
+    state.inject_nvlink_errors(sim.state_dir, 2, 3, 5)
     agent.wait_for_log(r"GPU 0 health: failed")
     agent.wait_for_log(r"GPU 1 health: degraded \(row remap pending")
     agent.wait_for_log(r"GPU 2 health: degraded \(NVLink CRC/replay errors grew in the last 60 s\)")
-    time.sleep(2.5)
+
+    def verdicts_received(batches: dict[int, telemetry_pb2.SampleBatch]) -> bool:
+        last = [health_samples(batches, g)[-1].health for g in range(3)]
+        return last == [FAILED, DEGRADED, DEGRADED] and len(link3(batches)) >= 2
+
+    wait_for_batches(receiver, verdicts_received, "the health reads with the new verdicts", agent=agent)
     assert agent.terminate() == 0
     batches = unique_batches(receiver.batches())
     last0 = health_samples(batches, 0)[-1]
@@ -263,11 +280,11 @@ def test_double_bit_ecc_fails_and_a_pending_remap_degrades(
     assert [e for e in events if e.kind == telemetry_pb2.GPU_EVENT_KIND_ECC_DOUBLE_BIT and e.gpu_index == 0]
     taken = int(agent.wait_for_log(r"stopped: (\d+) samples taken").group(1))
     assert sum(batch_samples(b) for b in batches.values()) == taken, "events and link samples count as samples"
-    link3 = [n for b in batches.values() for n in b.nvlink_samples if n.gpu_index == 2 and n.link == 3]
-    assert link3[0].crc_flit_errors == 0 and link3[-1].crc_flit_errors == 5 and link3[-1].replay_errors == 5
+    points = link3(batches)
+    assert points[0].crc_flit_errors == 0 and points[-1].crc_flit_errors == 5 and points[-1].replay_errors == 5
     # a link's point goes out when its counters move, else once a minute: in this run of a few seconds, link 3
     # of GPU 2 has its first point and the one after the errors, every other link its first point only
-    assert len(link3) == 2, [(n.time_unix_ns, n.crc_flit_errors) for n in link3]
+    assert len(points) == 2, [(n.time_unix_ns, n.crc_flit_errors) for n in points]
     per_link = Counter((n.gpu_index, n.link) for b in batches.values() for n in b.nvlink_samples)
     assert len(per_link) == 12 + 12 + 18, per_link  # A100 SXM: 12 links, H100 SXM: 18
     assert {k: v for k, v in per_link.items() if v != 1} == {(2, 3): 2}, per_link
@@ -277,19 +294,24 @@ def test_double_bit_ecc_fails_and_a_pending_remap_degrades(
 def test_processes_name_pid_and_command(tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory) -> None:
     sim = machine(tmp_path / "sim", ["L4"])
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def points_of(batches: dict[int, telemetry_pb2.SampleBatch]) -> list[telemetry_pb2.ProcessSample]:
+        return [p for b in batches.values() for p in b.process_samples if p.pid == holder.pid]
+
     try:
         agent = agent_factory(sim, [receiver.address])
         agent.wait_for_log("streaming to collector")
         state.set_load(sim.state_dir, 0, 80, holder.pid, 2 << 30)
-        time.sleep(3)
+        # two health reads while it runs: the second attributes energy to it
+        wait_for_batches(receiver, lambda got: len(points_of(got)) >= 2, "2 points of the process", agent=agent)
         state.set_load(sim.state_dir, 0, 0)
-        time.sleep(2.5)
+        ended = "the process's last point, when it left the GPU"
+        wait_for_batches(receiver, lambda got: any(p.ended for p in points_of(got)), ended, agent=agent)
         assert agent.terminate() == 0
     finally:
         holder.kill()
         holder.wait(10)
-    batches = unique_batches(receiver.batches())
-    points = [p for b in batches.values() for p in b.process_samples if p.pid == holder.pid]
+    points = points_of(unique_batches(receiver.batches()))
     assert len(points) >= 2
     assert all(p.command.startswith("python") for p in points), [p.command for p in points]
     assert points[0].used_memory_bytes == 2 << 30
@@ -303,7 +325,7 @@ def test_mig_instances_once_per_health_interval(
     sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"], mig_instances=2)
     agent = agent_factory(sim, [receiver.address])
     agent.wait_for_log("streaming to collector")
-    time.sleep(3)
+    wait_for_batches(receiver, health_reads(range(1), 2), "2 health reads", agent=agent)
     assert agent.terminate() == 0
     batches = unique_batches(receiver.batches())
     assert [i.mig_enabled for b in batches.values() for i in b.gpu_info] == [True]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -15,15 +14,13 @@ from agent_helpers import (
     AgentFactory,
     Receiver,
     assert_no_loss_no_duplicates,
-    clean_env,
-    gpuprobe_command,
     machine,
     unique_batches,
-    wait_until,
+    wait_for_batches,
 )
+from support import clean_env, free_port, gpuprobe_command, stays, wait_until
 
 from gpuprobe.devservices.certs import Pki, make_pki
-from gpuprobe.devservices.ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +29,13 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def spooled_batches(spool: Path) -> int:
+    if not (spool / "spool.sqlite3").exists():
+        return 0
     db = sqlite3.connect(spool / "spool.sqlite3")
     try:
         return int(db.execute("SELECT COUNT(*) FROM batches").fetchone()[0])
+    except sqlite3.OperationalError:  # the agent has not created the table yet
+        return 0
     finally:
         db.close()
 
@@ -55,7 +56,7 @@ def test_mutual_tls_and_bearer_token_deliver(
         "--tls-key", str(pki.client.key_path), "--token-file", str(token_file),
     )  # fmt: skip
     agent.wait_for_log(f"streaming to collector localhost:{receiver.port}")
-    time.sleep(2)
+    wait_for_batches(receiver, lambda got: len(got) >= 2, "2 batches over mutual TLS", agent=agent)
     assert agent.terminate() == 0
     assert "everything was delivered" in agent.log()
     assert "without TLS" not in agent.log()
@@ -74,7 +75,7 @@ def test_tls_with_server_name_override_and_token(
         sim, [receiver.address], "--tls-ca", str(pki.ca.cert_path), "--tls-server-name", "localhost", "--token", "t0k"
     )
     agent.wait_for_log("streaming to collector")
-    wait_until(receiver.batches, 10, what="a batch")
+    wait_until(receiver.batches, 10, "a batch")
     assert agent.terminate() == 0
 
 
@@ -112,7 +113,7 @@ def test_bad_credentials_are_refused_logged_and_the_spool_is_kept(
     agent = agent_factory(sim, [f"localhost:{receiver.port}"], *args, "--grace", "1")
     line = agent.wait_for_log(expected_log, timeout=20)
     assert f"localhost:{receiver.port}" in line.string[line.start() - 200 : line.end() + 300]
-    time.sleep(1.5)
+    wait_until(lambda: spooled_batches(tmp_path / "spool") >= 2, 20, "2 batches spooled", interval_s=0.2)
     assert agent.terminate() == 0
     assert receiver.batches() == [], "nothing was accepted"
     assert spooled_batches(tmp_path / "spool") >= 2, "the samples stay spooled"
@@ -165,7 +166,6 @@ def test_a_collector_that_refuses_the_identity_is_retried_slowly_with_an_error(
         sim = machine(tmp_path / "sim", ["L4"])
         agent = agent_factory(sim, [f"127.0.0.1:{port}"], "--auth-retry", "30")
         agent.wait_for_log(r"ERROR .*collector 127\.0\.0\.1:\d+ refused the agent \(INVALID_ARGUMENT: ", timeout=30)
-        time.sleep(4.0)  # with the ordinary backoff (0.2..1 s) this would be several more attempts
 
         def refused_streams() -> float:
             text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
@@ -175,6 +175,10 @@ def test_a_collector_that_refuses_the_identity_is_retried_slowly_with_an_error(
                 if line.startswith('gpuprobe_collector_streams_ended_total{code="INVALID_ARGUMENT"}')
             )
 
+        # with the ordinary backoff (--reconnect-min/max 0.2..1 s) 3 s would be several more attempts; with
+        # --auth-retry 30 the collector sees no second stream
+        wait_until(lambda: refused_streams() >= 1, 10, "the collector to count the refused stream", interval_s=0.2)
+        stays(lambda: refused_streams() == 1, 3.0, "one refused stream at the collector", interval_s=0.2)
         assert refused_streams() == 1
         assert "retrying in 30 s" in agent.log()
         assert agent.running()  # it samples and spools meanwhile

@@ -14,12 +14,11 @@ from agent_helpers import (
     AgentFactory,
     Receiver,
     assert_no_loss_no_duplicates,
-    clean_env,
-    gpuprobe_command,
     machine,
     unique_batches,
-    wait_until,
+    wait_for_batches,
 )
+from support import clean_env, free_port, gpuprobe_command, wait_until, wait_until_async
 
 from gpuprobe.agent.metrics import Counters
 from gpuprobe.agent.settings import UplinkSettings
@@ -27,7 +26,6 @@ from gpuprobe.agent.spool import AsyncSpool, Spool, SpoolDiskFull, SpoolError
 from gpuprobe.agent.uplink import Uplink, _Session
 from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.devservices.disks import SmallDisk
-from gpuprobe.devservices.ports import free_port
 from gpuprobe.v1 import telemetry_pb2
 
 
@@ -193,6 +191,27 @@ def test_a_batch_is_durable_in_the_spool_file_before_append_returns(tmp_path: Pa
 # ---------------------------------------------------------------------- the agent process
 
 
+def spooled_payloads(spool: Path) -> list[bytes]:
+    """The batches in an agent's spool file, read as another process would (none before it exists)."""
+    if not (spool / "spool.sqlite3").exists():
+        return []
+    db = sqlite3.connect(spool / "spool.sqlite3")
+    try:
+        return [bytes(payload) for (payload,) in db.execute("SELECT payload FROM batches ORDER BY seq")]
+    except sqlite3.OperationalError:  # not created yet
+        return []
+    finally:
+        db.close()
+
+
+def spooled_seqs(spool: Path) -> set[int]:
+    return {telemetry_pb2.SampleBatch.FromString(p).seq for p in spooled_payloads(spool)}
+
+
+def spooled_gpu_samples(spool: Path) -> int:
+    return sum(len(telemetry_pb2.SampleBatch.FromString(p).gpu_samples) for p in spooled_payloads(spool))
+
+
 def test_full_spool_drops_oldest_batches_and_the_collector_learns_how_many(
     tmp_path: Path, receiver_factory: Callable[..., Receiver], agent_factory: AgentFactory
 ) -> None:
@@ -201,8 +220,15 @@ def test_full_spool_drops_oldest_batches_and_the_collector_learns_how_many(
     agent = agent_factory(sim, [receiver.address], "--spool-max-bytes", "64KiB", "--metrics-listen", "127.0.0.1:0")
     agent.wait_for_log("spool cap reached", timeout=30)
     receiver.start()
+    back_ns = time.time_ns()
     agent.wait_for_log("streaming to collector")
-    time.sleep(1.5)
+    # the spooled batches are replayed oldest first: a sample taken after the receiver came back ends it
+    wait_for_batches(
+        receiver,
+        lambda got: any(s.time_unix_ns > back_ns for b in got.values() for s in b.gpu_samples),
+        "a sample taken after the receiver came back",
+        agent=agent,
+    )
     assert agent.terminate() == 0
     batches = unique_batches(receiver.batches())
     first = min(batches)
@@ -228,9 +254,19 @@ def test_a_full_spool_disk_keeps_the_newest_data_and_counts_what_it_dropped_all_
     sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"] * 8)
     disk = small_disk("spool", 512 * 1024)
     port = free_port()  # no collector there yet
-    agent = agent_factory(sim, [f"127.0.0.1:{port}"], "--grace", "20", spool=disk.path)
+    agent = agent_factory(
+        sim, [f"127.0.0.1:{port}"], "--grace", "20", "--metrics-listen", "127.0.0.1:0", spool=disk.path
+    )
     agent.wait_for_log(r"the spool's disk is full \(.*ENOSPC\)", timeout=90)
-    time.sleep(5.0)  # full for a while: every batch now makes room by dropping the oldest
+    # full for a while: every batch now makes room by dropping the oldest (three more drops)
+    full_drops = agent.metrics()["gpuprobe_agent_batches_dropped_total"]
+    wait_until(
+        lambda: agent.metrics()["gpuprobe_agent_batches_dropped_total"] >= full_drops + 3,
+        20,
+        "3 more batches dropped to make room on the full disk",
+        interval_s=0.2,
+        describe=agent.log,
+    )
     assert "could not spool" not in agent.log()  # nothing was refused or lost uncounted
     disk.resize(64 * 1024 * 1024)
     space_back_ns = time.time_ns()
@@ -255,7 +291,9 @@ def test_a_full_spool_disk_keeps_the_newest_data_and_counts_what_it_dropped_all_
     )
     try:
         agent.wait_for_log("streaming to collector", timeout=30)
-        time.sleep(2.0)
+        wait_until(
+            lambda: agent.metrics()["gpuprobe_agent_samples_acked_total"] > 0, 20, "the first acks", interval_s=0.2
+        )
         assert agent.terminate() == 0
         stopped = agent.wait_for_log(
             r"stopped: (\d+) samples taken, (\d+) spooled, (\d+) acknowledged, (\d+) dropped by the spool cap;"
@@ -298,19 +336,20 @@ def test_sigterm_without_a_collector_stops_after_the_grace_period_and_keeps_ever
     spool = tmp_path / "spool"
     agent = agent_factory(sim, [receiver.address], "--grace", "3", spool=spool)
     agent.wait_for_log("agent node-1")
-    time.sleep(2.5)
+    # 2 s of both GPUs at 10 Hz in the spool before the stop (the last partial batch adds to them)
+    wait_until(lambda: spooled_gpu_samples(spool) >= 2 * 10 * 2, 20, "40 GPU samples spooled", interval_s=0.2)
     stop_ns = time.time_ns()
     started = time.monotonic()
     assert agent.terminate() == 0
     took = time.monotonic() - started
     assert 2.8 <= took <= 8, f"stopped {took:.1f} s after SIGTERM with --grace 3"
     assert "stay in the spool for the next start" in agent.log()
+    kept = spooled_seqs(spool)
 
     receiver.start()
     nxt = agent_factory(sim, [receiver.address], spool=spool)
     nxt.wait_for_log("from a previous run")
-    wait_until(lambda: receiver.batches(), 10, what="the first batches")
-    time.sleep(1.5)
+    wait_for_batches(receiver, lambda got: kept <= set(got), "the kept batches", agent=nxt)
     assert nxt.terminate() == 0
     batches = unique_batches(receiver.batches())
     assert_no_loss_no_duplicates(batches, 0.1, 2, check_gaps=False)
@@ -327,10 +366,12 @@ def test_sigterm_delivers_within_the_grace_period_when_the_collector_comes_back(
     receiver = receiver_factory(start=False)
     agent = agent_factory(sim, [receiver.address], "--grace", "10", "--reconnect-max", "0.5")
     agent.wait_for_log("agent node-1")
-    time.sleep(2)
+    spool = tmp_path / "spool"
+    wait_until(lambda: len(spooled_seqs(spool)) >= 2, 20, "2 batches spooled", interval_s=0.2)
     assert agent.proc is not None
     agent.proc.send_signal(15)
-    time.sleep(1.5)
+    # the collector comes back during the grace period, while the agent is trying to deliver
+    agent.wait_for_log(r"stopping: sampling ends; delivering spooled batches for up to 10 s")
     receiver.start()
     assert agent.proc.wait(15) == 0
     assert "everything was delivered" in agent.log(), agent.log()
@@ -376,13 +417,13 @@ def test_an_ack_read_while_its_batch_is_still_being_written_is_not_ignored(tmp_p
             asyncio.create_task(uplink._send(stream, session)),
             asyncio.create_task(uplink._receive(stream, session)),
         ]
-        for _ in range(200):
-            if session.acked == 3:
-                break
-            await asyncio.sleep(0.01)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            ignored = "the acks of batches whose write was still awaited were ignored"
+            await wait_until_async(lambda: session.acked == 3, 2, f"acked 3 ({ignored}?)", interval_s=0.01)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         await uplink._delete_acked(force=True)
         left = (await spool.state()).batches
         await spool.close()

@@ -12,7 +12,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from agent_helpers import AgentFactory, Receiver, clean_env, gpuprobe_command, machine
+from agent_helpers import AgentFactory, Receiver, machine
+from support import clean_env, gpuprobe_command
 
 REPO = Path(__file__).resolve().parents[2]
 

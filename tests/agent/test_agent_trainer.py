@@ -8,13 +8,14 @@ import socket
 import time
 from pathlib import Path
 
-from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_until
+from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_for_batches
+from support import wait_until
 
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 
 def connect(path: Path) -> socket.socket:
-    wait_until(path.exists, 10, what=f"{path}")
+    wait_until(path.exists, 10, f"the trainer socket {path}")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(path))
     sock.settimeout(5)
@@ -44,7 +45,7 @@ def test_trainer_progress_and_probe_events_arrive_in_the_stream(
          "loss": float("nan"), "time_unix_ns": 1_700_000_000_000_000_000, "future_key": "ignored"},
     )  # fmt: skip
     sock.close()
-    wait_until(lambda: any(b.trainer_samples for b in receiver.batches()), 10, what="trainer samples")
+    wait_until(lambda: any(b.trainer_samples for b in receiver.batches()), 10, "trainer samples")
     assert agent.terminate() == 0
     batches = unique_batches(receiver.batches()).values()
     trainer = [s for b in batches for s in b.trainer_samples]
@@ -106,9 +107,17 @@ def test_bad_trainer_input_gets_a_clear_error_and_nothing_else_is_lost(
     other = connect(path)
     send(other, {**good, "step": 3})
     other.close()
-    wait_until(lambda: sum(len(b.trainer_samples) for b in receiver.batches()) >= 3, 10, what="good lines")
+    wait_until(lambda: sum(len(b.trainer_samples) for b in receiver.batches()) >= 3, 10, "good lines")
     sock.close()
-    time.sleep(1)
+    closed_ns = time.time_ns()
+    # the agent goes on sampling after the trainer hung up
+    sampling = "a GPU sample taken after the connection closed"
+    wait_for_batches(
+        receiver,
+        lambda got: any(s.time_unix_ns > closed_ns for b in got.values() for s in b.gpu_samples),
+        sampling,
+        agent=agent,
+    )
     assert agent.terminate() == 0
     log = agent.log()
     assert log.count("refused a line") == 7

@@ -8,31 +8,22 @@ through the official pynvml in a child process.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import clean_env, gpuprobe_command, wait_until
 
 from gpuprobe.sim.profiles import PROFILES, with_overrides
 from gpuprobe.sim.runner import SimMachine, open_machine
-
-
-def gpuprobe_command() -> list[str]:
-    script = Path(sys.executable).parent / "gpuprobe"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("gpuprobe")
-    return [found] if found else [sys.executable, "-m", "gpuprobe"]
 
 
 @dataclass
@@ -69,9 +60,7 @@ class Train:
 
 @pytest.fixture
 def train() -> Train:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
-    env["GPUPROBE_THREADS"] = "1"
-    return Train(env)
+    return Train(clean_env(GPUPROBE_THREADS="1"))
 
 
 @pytest.fixture
@@ -132,9 +121,8 @@ class FakeAgentSocket:
 
     def wait_closed(self, connections: int = 1, timeout_s: float = 5.0) -> None:
         """Wait until that many senders have closed their connection (all their lines are read)."""
-        deadline = time.monotonic() + timeout_s
-        while self.closed < connections and time.monotonic() < deadline:
-            time.sleep(0.01)
+        closed = f"{connections} trainer connection(s) to close"
+        wait_until(lambda: self.closed >= connections, timeout_s, closed, interval_s=0.01, describe=lambda: self.closed)
 
     def __post_init__(self) -> None:
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
