@@ -146,7 +146,8 @@ OPTIONS = [
     Option(
         "drain_timeout",
         "on SIGTERM: how long to finish acks and write the WAL into InfluxDB before exiting (what is left "
-        "stays in the WAL and is logged)",
+        "stays in the WAL and is logged); a drain ends sooner when InfluxDB refuses the writes (401, 403, "
+        "404, ...) or cannot be connected to for 2 s",
         parse_duration,
         default=25.0,
     ),

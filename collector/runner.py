@@ -46,6 +46,9 @@ _READY_TIMEOUT_S = 120.0
 _EVENTS_PROBE_TIMEOUT_S = 5.0
 #: The exit status of a drain that left acknowledged lines in the WAL (EX_TEMPFAIL).
 EXIT_WAL_LEFT = 75
+#: A drain ends early once InfluxDB could not be connected to for this long within it: a server
+#: that is down (connection refused) for the whole drain does not come back for the deadline.
+DRAIN_UNREACHABLE_GRACE_S = 2.0
 
 
 def make_backend(
@@ -240,7 +243,14 @@ class Collector:
         streams_ended = loop.time() - started
         if self.sink is not None:
             self.sink.hurry()
+        hurried_at = time.monotonic()
+        hopeless: str | None = None
         while self.wal.depth_rows > 0 and self.sink is not None and loop.time() < deadline:
+            # a refusal that retrying cannot fix, or an InfluxDB that stays unreachable, would only
+            # hold the WAL's lock until the deadline, and keep the corrected collector from starting
+            hopeless = self.sink.hopeless(hurried_at, DRAIN_UNREACHABLE_GRACE_S)
+            if hopeless is not None:
+                break
             await asyncio.sleep(0.05)
         rows, lines, nbytes = self.wal.pending_summary()
         if self.config.ack_after == "sink":
@@ -259,12 +269,12 @@ class Collector:
             )
         elif acked_lines:
             log.error(
-                "drain timed out after %.2f s (--drain-timeout %g s; InfluxDB %s): %d acknowledged lines (%d bytes"
+                "drain %s after %.2f s (%s): %d acknowledged lines (%d bytes"
                 " compressed, %d rows) are left in the WAL %s%s. Nobody else has them: start a collector on this"
                 " WAL (gpuprobe collector --wal %s) to write them into InfluxDB",
+                "ended" if hopeless else "timed out",
                 elapsed,
-                self.config.drain_timeout_s,
-                "up" if self.sink is not None and self.sink.up else "DOWN",
+                self._why_left(hopeless),
                 acked_lines,
                 acked_bytes,
                 rows,
@@ -276,12 +286,12 @@ class Collector:
             )
         else:
             log.warning(
-                "drain timed out after %.2f s (--drain-timeout %g s; InfluxDB %s): %d lines (%d bytes compressed,"
+                "drain %s after %.2f s (%s): %d lines (%d bytes compressed,"
                 " %d rows) are left in the WAL %s; none was acknowledged (--ack-after sink): the agents still"
                 " have them and send them to another collector",
+                "ended" if hopeless else "timed out",
                 elapsed,
-                self.config.drain_timeout_s,
-                "up" if self.sink is not None and self.sink.up else "DOWN",
+                self._why_left(hopeless),
                 lines,
                 nbytes,
                 rows,
@@ -289,6 +299,12 @@ class Collector:
             )
         await self.stop()
         return EXIT_WAL_LEFT if acked_lines else 0
+
+    def _why_left(self, hopeless: str | None) -> str:
+        if hopeless is not None:
+            return f"{hopeless}: retrying until --drain-timeout would not help"
+        up = "up" if self.sink is not None and self.sink.up else "DOWN"
+        return f"--drain-timeout {self.config.drain_timeout_s:g} s; InfluxDB {up}"
 
     async def stop(self) -> None:
         """Ends the streams (UNAVAILABLE after acking what is durable), then stops sending and closes

@@ -21,7 +21,8 @@ disk full (any status)     "no space left on device", ENOSPC, ...: capped expone
 other 5xx, no answer       capped exponential backoff with jitter, then send again (until it works)
 401 / 403 / 404, other 4xx an alert (an ERROR log line at most once a minute, the ``sink_alerts`` metric,
                            ``sink_up`` 0); the WAL keeps buffering and the request is retried with the
-                           capped backoff (v1 with ``--influx-create-db``: a 404 creates the database)
+                           capped backoff (v1 with ``--influx-create-db``: a 404 creates the database);
+                           a drain ends at once on it (:meth:`Sink.hopeless`)
 =========================  ==============================================================================
 
 Two backends, chosen by ``--influx-api``: :class:`V1Backend` posts to ``/write?db=&rp=&precision=ns``
@@ -76,6 +77,8 @@ log = logging.getLogger(__name__)
 
 _GZIP_INLINE_BYTES = 64 * 1024
 _ALERT_LOG_INTERVAL_S = 60.0
+#: A drain retries a failed request at least this often, whatever ``--sink-max-backoff``.
+DRAIN_RETRY_MAX_S = 0.5
 _ANSWER_BODY_MAX_CHARS = 8000  # InfluxDB's messages are short; a proxy's HTML page need not be kept whole
 
 
@@ -151,6 +154,8 @@ class V1Backend:
                 data = gzip_bytes(body, level)
         try:
             response = await self._client.post("/write", params=self._params, content=data, headers=self._write_headers)
+        except httpx.ConnectError as exc:
+            return Answer(None, f"{type(exc).__name__}: {exc}".strip(), unreachable=True)
         except httpx.HTTPError as exc:
             return Answer(None, f"{type(exc).__name__}: {exc}".strip())
         return Answer(
@@ -276,6 +281,8 @@ class V2Backend:
             retry_after = exc.headers.get("Retry-After") if exc.headers else None
             text = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or exc.reason)
             return Answer(exc.status, text[:_ANSWER_BODY_MAX_CHARS], parse_retry_after(retry_after))
+        except aiohttp.ClientConnectorError as exc:  # no connection (refused, no route, no such host)
+            return Answer(None, f"{type(exc).__name__}: {exc}", unreachable=True)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:  # no answer
             return Answer(None, f"{type(exc).__name__}: {exc}")
         return Answer(204)
@@ -409,9 +416,35 @@ class Sink:
 
     def hurry(self) -> None:
         """From now on partly filled requests go out at once (``--sink-linger`` no longer applies):
-        a drain writes what the WAL holds without waiting for lines that will not come."""
+        a drain writes what the WAL holds without waiting for lines that will not come. Requests
+        waiting out a backoff are sent again now, and retried at least every
+        :data:`DRAIN_RETRY_MAX_S` (a drain is short; it must see InfluxDB come back)."""
         for lane in self.lanes:
             lane.hurry.set()
+            lane.retry_now()
+
+    def hopeless(self, since: float, grace_s: float) -> str | None:
+        """Why a drain that began at ``since`` (monotonic) cannot write what is left, or None while it
+        may: some destination answered, after ``since``, with a refusal that retrying cannot fix
+        (401, 403, 404, another 4xx), or could not be connected to at all for ``grace_s`` within
+        the drain, and every other destination has written all it had."""
+        now = time.monotonic()
+        reasons: list[str] = []
+        for lane in self.lanes:
+            failing = lane.failing
+            if failing is not None:
+                kind, answer, first, latest = failing
+                where = f" ({lane.name})" if lane.name else ""
+                if kind == "refused" and latest >= since:
+                    said = error_text(answer.body)[:200]
+                    reasons.append(f"InfluxDB{where} refuses the writes (HTTP {answer.status}: {said})")
+                    continue
+                if kind == "unreachable" and latest >= since and now - max(first, since) >= grace_s:
+                    reasons.append(f"InfluxDB{where} cannot be reached ({answer.body[:200]})")
+                    continue
+            if not lane.idle:
+                return None
+        return "; ".join(reasons) or None
 
     async def stop(self) -> None:
         """Stops sending; requests in flight are abandoned (their rows stay in the WAL)."""
@@ -514,6 +547,14 @@ class _Lane:
         self._last_retry_log: dict[tuple[int | None, str], float] = {}
         self._retries_unlogged = 0
         self.up = True
+        #: The last answers' failure that retrying within a drain cannot mend: ``("refused", answer)``
+        #: (an alert: credentials, permissions, database) or ``("unreachable", answer)`` (no connection),
+        #: with the monotonic time the run of such answers began and that of the latest one; None once
+        #: any other answer came.
+        self.failing: tuple[str, Answer, float, float] | None = None
+        self._caught_up = False  # the dispatcher's last read found nothing past its cursor
+        # resolved and replaced by retry_now(): wakes the workers waiting out a backoff at once
+        self._retry_now: asyncio.Future[None] | None = None
         self.wal.add_listener(self._wake.set)
         if name:
             self.metrics.destination_up(name, True)
@@ -528,6 +569,28 @@ class _Lane:
     def cancel(self) -> None:
         for task in self._tasks:
             task.cancel()
+
+    @property
+    def idle(self) -> bool:
+        """This lane sent everything the WAL holds for it, and nothing of it is outstanding."""
+        return self._caught_up and not self._chunks
+
+    def retry_now(self) -> None:
+        """Wakes the workers waiting out a backoff."""
+        if self._retry_now is not None and not self._retry_now.done():
+            self._retry_now.set_result(None)
+        self._retry_now = None
+
+    async def _pause(self, delay_s: float) -> None:
+        """Waits ``delay_s`` before a retry (at most :data:`DRAIN_RETRY_MAX_S` in a drain), or until
+        :meth:`retry_now`."""
+        if self.hurry.is_set():
+            delay_s = min(delay_s, DRAIN_RETRY_MAX_S)
+        # asyncio.wait, not wait_for: Python 3.11's wait_for can swallow a cancellation that comes as
+        # the awaited thing completes, and a worker that missed its cancel would retry forever
+        if self._retry_now is None:
+            self._retry_now = asyncio.get_running_loop().create_future()
+        await asyncio.wait({self._retry_now}, timeout=delay_s)
 
     async def stopped(self) -> None:
         for task in self._tasks:
@@ -552,9 +615,11 @@ class _Lane:
                     await asyncio.wait_for(self.hurry.wait(), self.settings.linger_s)
                 rows = await asyncio.to_thread(self.wal.read_after, after, target)
             if not rows:
+                self._caught_up = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=1.0)
                 continue
+            self._caught_up = False
             after = rows[-1].id
             if not self.sink.routed:
                 chunk = _Chunk(after)
@@ -754,6 +819,7 @@ class _Lane:
             answer = await self.backend.write(body)
             elapsed = time.perf_counter() - started
             verdict = classify(answer)
+            self._note_failure(answer, verdict)
             self.metrics.write_request(answer.status, verdict.value, elapsed)
             if verdict is Verdict.WRITTEN:
                 self.metrics.written(count)
@@ -767,6 +833,7 @@ class _Lane:
             if verdict is Verdict.ALERT:
                 self._alert(answer)
                 if answer.status == 404 and await self.backend.on_not_found():
+                    self.failing = None  # the database was created: not a refusal (yet)
                     continue
                 delay = backoff.next_delay_s()
             elif verdict is Verdict.THROTTLED and answer.retry_after_s is not None:
@@ -780,7 +847,16 @@ class _Lane:
             self.metrics.sink_retry(verdict.value)
             if self.name:
                 self.metrics.destination_retry(self.name, verdict.value)
-            await asyncio.sleep(delay)
+            await self._pause(delay)
+
+    def _note_failure(self, answer: Answer, verdict: Verdict) -> None:
+        kind = "refused" if verdict is Verdict.ALERT else "unreachable" if answer.unreachable else None
+        if kind is None:
+            self.failing = None
+            return
+        now = time.monotonic()
+        first = self.failing[2] if self.failing is not None and self.failing[0] == kind else now
+        self.failing = (kind, answer, first, now)
 
     def _backoff(self) -> Backoff:
         return Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)

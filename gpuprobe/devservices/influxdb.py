@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, Self
 
 from gpuprobe.devservices._process import ServerProcess
 from gpuprobe.devservices.ports import LOOPBACK, free_ports
@@ -19,6 +19,8 @@ from gpuprobe.influx.influxql import InfluxError, Series, quote_identifier
 from gpuprobe.influx.settings import InfluxSettings
 
 _PRECISIONS = frozenset({"ns", "u", "ms", "s", "m", "h"})
+#: The admin user of a server started with ``admin_password``.
+ADMIN_USER = "admin"
 
 #: What the server's requests raise: InfluxDB refused a request (``status`` and InfluxDB's own
 #: ``message``), or could not be reached (``status`` None). The name the tests know.
@@ -54,12 +56,16 @@ class InfluxDBServer(ServerProcess):
         start_timeout_s: float = 30.0,
         stop_timeout_s: float = 10.0,
         http_timeout_s: float = 30.0,
+        admin_password: str | None = None,
     ) -> None:
         """Prepare (not start) a server.
 
         ``port`` and ``rpc_port`` default to free ports, replaced if the first start finds them taken.
         ``log_level`` is influxd's ``[logging] level``; the HTTP access log and the query log are off either
         way. ``extra_config`` is appended to the generated TOML (for example a ``[retention]`` section).
+        ``admin_password``: authentication on (``[http] auth-enabled``), with the admin user
+        :data:`ADMIN_USER` of that password made at the first start; this object's own requests log
+        in as it.
         """
         auto = port is None and rpc_port is None
         super().__init__(
@@ -79,6 +85,7 @@ class InfluxDBServer(ServerProcess):
         self.log_level = log_level
         self.extra_config = extra_config
         self.http_timeout_s = http_timeout_s
+        self.admin_password = admin_password
         self._client: InfluxClient | None = None
 
     # --- addresses ---------------------------------------------------------------------------------
@@ -114,7 +121,13 @@ class InfluxDBServer(ServerProcess):
         if self._client is None or self._client.settings.url != self.url:
             if self._client is not None:
                 self._client.close()
-            settings = InfluxSettings(url=self.url, database="", timeout_s=self.http_timeout_s)
+            settings = InfluxSettings(
+                url=self.url,
+                database="",
+                timeout_s=self.http_timeout_s,
+                username=ADMIN_USER if self.admin_password is not None else "",
+                password=self.admin_password or "",
+            )
             self._client = InfluxClient(settings, user_agent="gpuprobe-devservices")
         return self._client
 
@@ -164,6 +177,16 @@ class InfluxDBServer(ServerProcess):
 
     # --- ServerProcess -----------------------------------------------------------------------------
 
+    def start(self) -> Self:
+        super().start()
+        if self.admin_password is not None:
+            # influxd lets anyone create the first admin; once it exists, the same statement (same
+            # password, logged in as it) changes nothing
+            password = self.admin_password.replace("\\", "\\\\").replace("'", "\\'")
+            user = quote_identifier(ADMIN_USER)
+            self.execute(f"CREATE USER {user} WITH PASSWORD '{password}' WITH ALL PRIVILEGES")
+        return self
+
     def _choose_new_ports(self) -> None:
         self._port, self._rpc_port = free_ports(2)
 
@@ -201,6 +224,7 @@ bind-address = {_toml(f"{LOOPBACK}:{self._rpc_port}")}
   log-enabled = false
   pprof-enabled = false
   unix-socket-enabled = false
+  auth-enabled = {"true" if self.admin_password is not None else "false"}
   bind-socket = {_toml(base / "influxdb.sock")}
 
 [logging]

@@ -43,11 +43,15 @@ _MOST_NAMED_3X = 100  # rejected points an InfluxDB 3.x or Cloud answer lists at
 
 @dataclass(frozen=True)
 class Answer:
-    """What one request got back: the HTTP status (None: no answer), body and Retry-After."""
+    """What one request got back: the HTTP status (None: no answer), body and Retry-After.
+
+    ``unreachable``: no answer because no connection could be made (refused, no route, no such
+    host), as opposed to a request that was sent and timed out or was cut off."""
 
     status: int | None
     body: str = ""
     retry_after_s: float | None = None
+    unreachable: bool = False
 
 
 class Verdict(enum.Enum):

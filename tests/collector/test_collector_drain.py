@@ -14,8 +14,9 @@ from collector_helpers import CollectorProcess, collector_config, running, wait_
 from test_collector_faults import Fleet, assert_exactly_once
 
 from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
-from gpuprobe.collector.runner import EXIT_WAL_LEFT
+from gpuprobe.collector.runner import DRAIN_UNREACHABLE_GRACE_S, EXIT_WAL_LEFT
 from gpuprobe.devservices import InfluxDBServer
+from gpuprobe.devservices.influxdb import ADMIN_USER
 
 
 def pending_lines(wal_dir: Path) -> int:
@@ -116,8 +117,9 @@ def test_sigterm_drains_the_wal_into_influxdb_before_exiting(
         await fleet.finish()  # everything acked: durable in the WAL only
         assert process.proc is not None
         process.proc.send_signal(15)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.2)
         assert process.proc.poll() is None  # draining: waiting for InfluxDB
+        # back within the drain's grace for an InfluxDB that cannot be reached (DRAIN_UNREACHABLE_GRACE_S)
         await asyncio.to_thread(private_influxdb.start)
         code = await asyncio.to_thread(process.proc.wait, 60)
         assert code == 0, process.log()
@@ -132,13 +134,16 @@ def test_sigterm_drains_the_wal_into_influxdb_before_exiting(
     assert_exactly_once(private_influxdb, "drain", fleet.sent)
 
 
-def test_sigterm_with_influxdb_down_says_what_it_left_in_the_wal_and_exits_75(
+def test_sigterm_with_influxdb_down_says_what_it_left_in_the_wal_and_exits_75_after_a_short_grace(
     tmp_path: Path, collector_process: Callable[..., CollectorProcess]
 ) -> None:
+    """Connection refused for the whole drain: it ends after DRAIN_UNREACHABLE_GRACE_S, not after
+    --drain-timeout (an InfluxDB that is down does not come back for the deadline)."""
     dead_influx = "http://127.0.0.1:9"
     wal = tmp_path / "wal"
     process = collector_process(
-        "--insecure", "--influx-url", dead_influx, "--wal", str(wal), "--drain-timeout", "1.5",
+        "--insecure", "--influx-url", dead_influx, "--wal", str(wal), "--drain-timeout", "25",
+        "--sink-max-backoff", "30",  # a drain retries now, whatever the backoff had reached
     )  # fmt: skip
     process.start()
     fleet = Fleet(f"127.0.0.1:{process.port}", ["left-1"], gpus=2)
@@ -151,7 +156,10 @@ def test_sigterm_with_influxdb_down_says_what_it_left_in_the_wal_and_exits_75(
     asyncio.run(scenario())
     started = time.monotonic()
     assert process.terminate() == EXIT_WAL_LEFT
-    assert time.monotonic() - started < 10
+    took_s = time.monotonic() - started
+    print(f"SIGTERM to exit: {took_s:.2f} s")
+    assert DRAIN_UNREACHABLE_GRACE_S <= took_s < DRAIN_UNREACHABLE_GRACE_S + 3, process.log()
+    assert "InfluxDB cannot be reached (ConnectError" in process.log()
     left = pending_lines(wal)
     assert left == fleet.total  # one line per GPU sample
     match = re.search(
@@ -184,3 +192,51 @@ def test_sigterm_in_sink_mode_with_influxdb_down_leaves_only_unacked_lines_and_e
 
     asyncio.run(scenario())
     assert "none was acknowledged (--ack-after sink): the agents still have them" in process.log()
+
+
+def test_sigterm_with_influxdb_refusing_the_credentials_ends_at_once_and_the_next_collector_delivers_all(
+    tmp_path: Path, collector_process: Callable[..., CollectorProcess]
+) -> None:
+    """A wrong password (HTTP 401): retrying cannot fix it, so the drain ends at once and releases the
+    WAL's lock; the collector started right after with the right password writes everything."""
+    wal = tmp_path / "wal"
+    with InfluxDBServer(tmp_path / "influxdb", admin_password="right-password") as influx:
+        influx.create_database("auth")
+        common = [
+            "--insecure", "--influx-url", influx.url, "--influx-db", "auth", "--wal", str(wal),
+            "--influx-username", ADMIN_USER, "--drain-timeout", "25", "--sink-max-backoff", "0.3",
+        ]  # fmt: skip
+        wrong = collector_process(*common, "--influx-password", "wrong-password").start()
+        fleet = Fleet(f"127.0.0.1:{wrong.port}", ["auth-1", "auth-2"], gpus=2)
+
+        async def scenario() -> None:
+            fleet.start()
+            await asyncio.sleep(1.0)
+            await fleet.finish()  # everything acked: durable in the WAL only
+
+        asyncio.run(scenario())
+        deadline = time.monotonic() + 10
+        while "refuses the collector's writes (HTTP 401" not in wrong.log():
+            assert time.monotonic() < deadline, wrong.log()
+            time.sleep(0.05)
+        started = time.monotonic()
+        assert wrong.terminate() == EXIT_WAL_LEFT
+        took_s = time.monotonic() - started
+        print(f"SIGTERM to exit with InfluxDB refusing: {took_s:.2f} s")
+        assert took_s < 3, wrong.log()
+        assert "drain ended after" in wrong.log() and "refuses the writes (HTTP 401" in wrong.log(), wrong.log()
+        assert pending_lines(wal) == fleet.total
+
+        right = collector_process(*common, "--influx-password", "right-password").start()  # the WAL is free
+
+        def stored() -> int:
+            series = influx.query("auth", "SELECT count(power_w) FROM gpu")
+            return int(series[0].values[0][1]) if series else 0
+
+        deadline = time.monotonic() + 30
+        while stored() < fleet.total:
+            assert time.monotonic() < deadline, right.log()
+            time.sleep(0.1)
+        assert right.terminate() == 0, right.log()
+        assert_exactly_once(influx, "auth", fleet.sent)
+        assert pending_lines(wal) == 0
