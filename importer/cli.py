@@ -1,4 +1,5 @@
-"""``gpuprobe import nvidia-smi FILE…``: the command around :class:`gpuprobe.importer.run.Importer`.
+"""``gpuprobe import nvidia-smi FILE…`` and ``gpuprobe import amd-smi FILE…``: the commands around
+:class:`gpuprobe.importer.run.Importer`.
 
 The ``--influx-*`` options are ``gpuprobe model``'s own declarations (the operator's machine talks to
 the same InfluxDB with the same settings for both).
@@ -59,9 +60,10 @@ OPTIONS = [
     ),
     Option(
         "freeze_after",
-        "a GPU whose measured values all stay identical this long is a frozen log (nvidia-smi repeats its "
-        "last row when the driver hangs): the stretch is reported, its first row imported and the repeats "
-        "not; 0 turns it off",
+        "rows of a GPU whose every cell but the time stays identical this long while it is busy (util > 0) "
+        "or its energy counter stands still under power are a frozen log (nvidia-smi repeats its last row "
+        "when the driver hangs): reported, its first row imported and the repeats not; identical rows of an "
+        "idle GPU are readings and are imported; 0 turns it off",
         parse_duration,
         default=60.0,
         metavar="DURATION",
@@ -80,6 +82,16 @@ OPTIONS = [
         metavar="TIME",
     ),
     Option(
+        "dmon_columns",
+        "the columns, in order, of nvidia-smi dmon output WITHOUT its header lines (a first line such as "
+        "'20250724, 04:47:16, 0, 63, ...'), e.g. date,time,gpu,pwr,gtemp,mtemp,sm,mem,enc,dec,mclk,pclk for a "
+        "driver without jpg/ofa; by default dmon -o DT -s pucm of current drivers: "
+        "date,time,gpu,pwr,gtemp,mtemp,sm,mem,enc,dec,jpg,ofa,mclk,pclk (further columns are not imported)",
+        multiple=True,
+        default=[],
+        metavar="NAMES",
+    ),
+    Option(
         "dmon_interval",
         "time between the rows of one GPU in dmon output without times (dmon -d)",
         parse_duration,
@@ -94,7 +106,11 @@ def _files(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="nvidia-smi CSV or dmon logs")
 
 
-def settings_from(values: dict[str, Any], files: list[Path]) -> Any:
+def _amd_files(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="amd-smi metric --csv logs")
+
+
+def settings_from(values: dict[str, Any], files: list[Path], expect: str = "nvidia") -> Any:
     """The import's settings from the options; ValueError with the option's name for a bad value."""
     from gpuprobe.importer.formats import ReadOptions, parse_columns, parse_day, parse_start
     from gpuprobe.importer.run import ImportSettings
@@ -105,6 +121,7 @@ def settings_from(values: dict[str, Any], files: list[Path]) -> Any:
     zone = parse_timezone(values["timezone"])
     if not values["influx_timeout"] > 0:
         raise ValueError(f"--influx-timeout must be positive, not {values['influx_timeout']:g} s")
+    values = {**{o.name: o.default for o in OPTIONS}, **values}  # import amd-smi has no dmon options
     if not values["dmon_interval"] > 0:
         raise ValueError(f"--dmon-interval must be positive, not {values['dmon_interval']:g} s")
     for name in ("host", "cluster", "gpu_model"):
@@ -128,6 +145,8 @@ def settings_from(values: dict[str, Any], files: list[Path]) -> Any:
         dmon_date=day,
         dmon_start_ns=start,
         dmon_interval_ns=round(values["dmon_interval"] * NS_PER_S),
+        dmon_columns=tuple(values["dmon_columns"]),
+        expect=expect,
     )
     return ImportSettings(
         files=tuple(files),
@@ -140,16 +159,25 @@ def settings_from(values: dict[str, Any], files: list[Path]) -> Any:
 
 
 def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
+    return _import(values, args, "nvidia")
+
+
+def _run_amd(values: dict[str, Any], args: argparse.Namespace) -> int:
+    return _import(values, args, "amd")
+
+
+def _import(values: dict[str, Any], args: argparse.Namespace, expect: str) -> int:
     from gpuprobe.importer.progress import Progress
     from gpuprobe.importer.run import Importer, open_sources
     from gpuprobe.influx.client import InfluxClient
     from gpuprobe.influx.influxql import InfluxError
 
+    name = f"gpuprobe import {'amd-smi' if expect == 'amd' else 'nvidia-smi'}"
     try:
-        settings = settings_from(values, list(args.files))
+        settings = settings_from(values, list(args.files), expect)
         sources = open_sources(settings)
     except ValueError as e:  # FormatError too: nothing has been written
-        print(f"gpuprobe import nvidia-smi: {e}", file=sys.stderr)
+        print(f"{name}: {e}", file=sys.stderr)
         return 2
     progress = Progress(sys.stderr)
     if settings.dry_run:
@@ -161,16 +189,16 @@ def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
                 report = importer.run(sources)
             except InfluxError as e:
                 progress.finish()
-                print(f"gpuprobe import nvidia-smi: {e}", file=sys.stderr)
+                print(f"{name}: {e}", file=sys.stderr)
                 print(
-                    f"gpuprobe import nvidia-smi: {importer.report.lines_sent} points were written before "
+                    f"{name}: {importer.report.lines_sent} points were written before "
                     "the error; importing again is safe (a point written twice overwrites itself)",
                     file=sys.stderr,
                 )
                 return 1
     print(report.render())
     if report.points == 0:
-        print("gpuprobe import nvidia-smi: nothing to import", file=sys.stderr)
+        print(f"{name}: nothing to import", file=sys.stderr)
         return 1
     return 0
 
@@ -181,20 +209,42 @@ COMMANDS = [
         help="import existing nvidia-smi logs (--query-gpu CSV, dmon) as `gpu` points tagged source=import",
         description=(
             "Reads the CSV of `nvidia-smi --query-gpu=timestamp,index,name,uuid,... --format=csv[,nounits]`, "
-            "`nvidia-smi dmon` output (-o DT, -o T with --dmon-date, or none with --dmon-start) or, with "
+            "`nvidia-smi dmon` output (-o DT, -o T with --dmon-date, or none with --dmon-start; with its header, "
+            "or without it, recognised from its first row, columns from --dmon-columns) or, with "
             "--columns, any other CSV; converts every value to the unit of its `gpu` field (docs/schema.md) "
             "exactly and writes the points to InfluxDB in batches of 5000 lines (v1 /write), tagged host, gpu, "
             "uuid, model, cluster and source=import. TIMESTAMPS: nvidia-smi writes the logging machine's local "
             "time WITHOUT a zone; they are read in --timezone, which is UTC unless you say otherwise. FROZEN "
-            "LOGS: rows of one GPU whose measured values all stay identical for --freeze-after (60 s) or more "
-            "are reported as a frozen stretch; its first row is imported and the repeats are not. Bad rows are "
-            "counted by reason with their line numbers and skipped. Prints a summary: rows read, points "
-            "written, bad rows, frozen stretches, each GPU's time range. Exit status 0; 1 when nothing was "
-            "imported or InfluxDB failed; 2 for a usage error or a file that is neither format (nothing is "
-            "written then). Details: docs/models.md, 'Importing existing nvidia-smi logs'."
+            "LOGS: rows of one GPU whose every cell but the time stays identical for --freeze-after (60 s) or "
+            "more while the GPU is busy, or its energy counter stands still under power, are a frozen stretch: "
+            "its first row is imported and the repeats are not; identical rows of an idle GPU are readings "
+            "(a steady stretch, imported and counted). Bad rows are counted by reason with their line numbers "
+            "and skipped; an impossible value (a percentage beyond 0-100...) is left out of its row. Prints a "
+            "summary: rows read, points written, rows not imported and why, bad rows and values, frozen and "
+            "steady stretches, each GPU's time range. Exit status 0; 1 when nothing was imported or InfluxDB "
+            "failed; 2 for a usage error or a file in none of the formats (nothing is written then). "
+            "Details: docs/models.md, 'Importing existing GPU logs'."
         ),
         run=_run,
         options=OPTIONS,
         extra_arguments=_files,
-    )
+    ),
+    Command(
+        name="import.amd-smi",
+        help="import `amd-smi metric --csv` logs (AMD Instinct) as `gpu` points tagged vendor=amd, source=import",
+        description=(
+            "Reads `amd-smi metric --csv` output: one row per timestamp (a Timestamp column, unix time) and a "
+            "block of columns per GPU, each starting at its `gpu` column. Imports socket_power (power_w), "
+            "hotspot, the junction temperature (temp_c; edge when there is no hotspot), mem, the HBM "
+            "temperature (mem_temp_c), gfx_activity and umc_activity (util_pct, mem_util_pct), gfx_0_clk and "
+            "mem_0_clk (sm_clock_mhz, mem_clock_mhz); N/A is absent, not zero; the other columns (voltages, "
+            "throttle_status, the other clocks) are listed as not imported. Points are tagged host, gpu, model "
+            "(--gpu-model), vendor=amd, cluster and source=import. Bad rows, frozen and steady stretches, the "
+            "summary and the exit status as for `gpuprobe import nvidia-smi`. Details: docs/models.md, "
+            "'Importing existing GPU logs'."
+        ),
+        run=_run_amd,
+        options=[o for o in OPTIONS if not o.name.startswith("dmon_") and o.name not in ("columns",)],
+        extra_arguments=_amd_files,
+    ),
 ]

@@ -1,12 +1,18 @@
 """The formats ``gpuprobe import nvidia-smi`` reads, and how each value becomes a ``gpu`` field.
 
-Three kinds of file, told apart by their first line (:func:`open_source`):
+Five kinds of file, told apart by their first line (:func:`open_source`):
 
 - the CSV of ``nvidia-smi --query-gpu=timestamp,index,… --format=csv[,nounits]``: a header such as
   ``timestamp, index, name, uuid, power.draw [W], temperature.gpu, …`` (with ``nounits`` the headers
   and the values carry no units), values such as ``250.12 W``, ``45 %``, ``1980 MHz``, ``[N/A]``;
 - the output of ``nvidia-smi dmon`` (``# gpu pwr gtemp mtemp sm mem enc dec mclk pclk``, a units line,
-  optional ``Date``/``Time`` columns from ``-o DT`` or ``-o T``);
+  optional ``Date``/``Time`` columns from ``-o DT`` or ``-o T``; columns apart by spaces or commas);
+- ``nvidia-smi dmon`` output WITHOUT its header lines (``--format csv,noheader`` or a logger that cut
+  them): a first line such as ``20250724, 04:47:16, 0, 63, 36, 42, …`` (``-o DT``) or
+  ``04:47:16 0 63 …`` (``-o T``); the columns are ``--dmon-columns`` (by default the order of
+  ``nvidia-smi dmon -o DT -s pucm`` on current drivers, :data:`DMON_DEFAULT_COLUMNS`);
+- ``amd-smi metric --csv`` (one row per timestamp, a block of columns per GPU, each block starting at
+  its ``gpu`` column: ``Timestamp,gpu,socket_power,…,hotspot,mem,gpu,socket_power,…``);
 - any other CSV, with ``--columns KEY=HEADER[:UNIT],…`` naming the column of each schema field.
 
 Every value is converted to the unit of its field exactly: a number in the field's unit is read as
@@ -14,7 +20,10 @@ written (the nearest double, which line protocol writes back as the same text), 
 exact decimal product (MiB → bytes: times 1 048 576, mW → W: times 0.001, GHz → MHz: times 1000). Integer fields
 (bytes, MHz, the clock-event bitmask) must come out whole; a byte count with a fraction is rounded to
 the nearest byte. ``[N/A]``, ``[Not Supported]``, ``N/A``, ``-`` and empty cells leave the field out of
-the point (the schema: a field the GPU does not report is absent, never zero).
+the point (the schema: a field the GPU does not report is absent, never zero). A value that no GPU can
+report (a percentage outside 0-100, such as a dmon ``sm`` of 1047011272; a temperature or a power
+beyond any sensor's range) is a bad value: that field is left out of the point, the rest of the row is
+imported, and the summary counts it.
 """
 
 from __future__ import annotations
@@ -203,6 +212,20 @@ class Row:
     model: str
     host: str
     fields: dict[str, FieldValue]
+    # every cell of the row but its time, as written (the imported ones and the others, counters
+    # included): rows are stale repeats only when all of it is the same (run.py, frozen logs)
+    cells: tuple[str, ...] = ()
+    vendor: str = ""
+    bad_values: list[str] = field(default_factory=list)  # reasons of the values left out
+
+
+#: Ranges outside which a value is garbage, not a reading (by the dimension of the field's unit).
+PLAUSIBLE: dict[str, tuple[float, float]] = {"%": (0.0, 100.0), "C": (-273.15, 1000.0), "W": (0.0, 1e6)}
+
+
+def plausible(spec: FieldSpec, value: FieldValue) -> bool:
+    bounds = PLAUSIBLE.get(spec.dimension)
+    return bounds is None or bounds[0] <= value <= bounds[1]
 
 
 @dataclass(slots=True)
@@ -223,6 +246,8 @@ class ReadOptions:
     dmon_date: tuple[int, int, int] | None = None
     dmon_start_ns: int | None = None
     dmon_interval_ns: int = NS_PER_S
+    dmon_columns: tuple[str, ...] = ()  # the columns of dmon output without a header (empty: the default)
+    expect: str = "nvidia"  # the command: "nvidia" (import nvidia-smi) or "amd" (import amd-smi)
 
 
 @dataclass(frozen=True)
@@ -321,6 +346,45 @@ _DMON: dict[str, tuple[str, str]] = {
     "fb": ("mem_used_bytes", "MiB"),
 }
 
+#: The columns of ``nvidia-smi dmon -o DT`` (default ``-s pucm``) on current drivers (with ``jpg`` and
+#: ``ofa``), the default of ``--dmon-columns`` for dmon output without a header; further columns of
+#: such a file (``-s`` options beyond pucm) are unnamed and not imported. An older driver writes no
+#: ``jpg``/``ofa``: give its order with ``--dmon-columns``.
+DMON_DEFAULT_COLUMNS = ("date", "time", "gpu", "pwr", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "jpg", "ofa",
+                        "mclk", "pclk")  # fmt: skip
+_DMON_SPLIT = re.compile(r"[,\s]+")
+_DMON_DATE = re.compile(r"\d{8}")
+_DMON_CLOCK = re.compile(r"\d{1,2}:\d{2}:\d{2}")
+
+# amd-smi metric --csv: the columns of one GPU's block (the block starts at its `gpu` column) and the
+# field each is; the first name of a group present in the block is taken (amd-smi's names changed
+# between ROCm releases: `socket_power` or `power_socket_power`...). `hotspot` is the junction
+# temperature, what the model fits (MI300 boards report no `edge`); gfx_0/mem_0 are the first XCD's
+# graphics and the first memory clock. `throttle_status` is not imported: it is not NVML's
+# clock-event bitmask (docs/schema.md), and these logs write N/A.
+_AMD: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("socket_power", "power_socket_power", "current_socket_power"), "power_w", "W"),
+    (("hotspot", "temperature_hotspot", "edge", "temperature_edge"), "temp_c", "C"),
+    (("mem", "temperature_mem"), "mem_temp_c", "C"),
+    (("gfx_activity", "usage_gfx_activity"), "util_pct", "%"),
+    (("umc_activity", "usage_umc_activity"), "mem_util_pct", "%"),
+    (("gfx_0_clk", "clock_gfx_0_clk"), "sm_clock_mhz", "MHz"),
+    (("mem_0_clk", "clock_mem_0_clk"), "mem_clock_mhz", "MHz"),
+)
+_AMD_NAMES = {name for aliases, _, _ in _AMD for name in aliases}
+_AMD_TIME = ("timestamp", "time", "date")
+
+
+@dataclass(frozen=True)
+class _AmdBlock:
+    """The columns of one GPU in an amd-smi row: where its gpu index is, its fields, its whole span."""
+
+    gpu: int
+    start: int
+    end: int  # one past its last column
+    cells: list[_Cell]
+
+
 _HEADER_UNIT = re.compile(r"^(.*?)\s*\[([^\]]*)\]\s*$")
 
 
@@ -343,6 +407,9 @@ class Source:
         self.notes: list[str] = []
         self._plan: Plan | None = None
         self._dmon: list[str] = []
+        self._amd: list[_AmdBlock] = []
+        self._amd_time: int | None = None
+        self._width = 0
         self._header_line = 0
         self._header_cells: list[str] = []
         self._delimiter = ","
@@ -361,14 +428,29 @@ class Source:
         number, line = self._first_line()
         self._header_line = number
         stripped = line.strip()
-        if stripped.startswith("#") and "gpu" in stripped.lstrip("#").lower().split():
+        if stripped.startswith("#") and "gpu" in _DMON_SPLIT.split(stripped.lstrip("#").lower()):
             if self.options.columns:
                 raise FormatError(f"{self.path}: --columns maps CSV columns, but this is nvidia-smi dmon output")
+            self._expect("nvidia", "nvidia-smi dmon output")
             self._open_dmon(stripped)
+            return
+        tokens = _DMON_SPLIT.split(stripped)
+        if self.options.dmon_columns or _headerless_dmon(tokens):
+            if self.options.columns:
+                raise FormatError(f"{self.path}: --columns maps CSV columns, but this is nvidia-smi dmon output")
+            self._expect("nvidia", "nvidia-smi dmon output")
+            self._header_line = number - 1  # the first line is a row
+            self._open_dmon_headerless(tokens)
             return
         self._delimiter = "\t" if "\t" in line and "," not in line else ";" if ";" in line and "," not in line else ","
         cells = next(csv.reader([line], delimiter=self._delimiter, skipinitialspace=True), [])
         self._header_cells = [cell.strip() for cell in cells]
+        if not self.options.columns and self._is_amd(self._header_cells):
+            self._expect("amd", "amd-smi metric --csv output")
+            self._open_amd(self._header_cells)
+            return
+        if self.options.expect == "amd" and not self.options.columns:
+            raise self._unknown_format(line, "no amd-smi header: a 'gpu' column followed by socket_power, hotspot, ...")
         if self.options.columns:
             self._plan = self._mapped_plan(self._header_cells)
             self.kind = "CSV mapped by --columns"
@@ -384,12 +466,72 @@ class Source:
 
     def _unknown_format(self, line: str, why: str) -> FormatError:
         return FormatError(
-            f"{self.path}: not a log gpuprobe can read ({why}). It should be the CSV of "
+            f"{self.path}: not a log gpuprobe can read ({why}). It should be one of: the CSV of "
             "`nvidia-smi --query-gpu=timestamp,index,... --format=csv[,nounits]` (a header such as "
-            "'timestamp, index, name, power.draw [W], temperature.gpu') or `nvidia-smi dmon` output "
-            "(a '# gpu pwr gtemp ...' header); map the columns of any other CSV with "
-            f"--columns time=HEADER,temp_c=HEADER,... First line: {line[:120]!r}"
+            "'timestamp, index, name, power.draw [W], temperature.gpu'); `nvidia-smi dmon` output with its "
+            "'# gpu pwr gtemp ...' header, or without it from its first row ('20250724, 04:47:16, 0, 63, ...' "
+            "for -o DT; other columns: --dmon-columns); `amd-smi metric --csv` output (a header "
+            "'Timestamp,gpu,socket_power,...,hotspot,mem,gpu,...', read by `gpuprobe import amd-smi`); or map "
+            f"the columns of any other CSV with --columns time=HEADER,temp_c=HEADER,... First line: {line[:120]!r}"
         )
+
+    def _expect(self, vendor: str, what: str) -> None:
+        """The file is ``what``: fine for its own command, a clear error for the other one."""
+        if self.options.expect == vendor:
+            return
+        command = "gpuprobe import amd-smi" if vendor == "amd" else "gpuprobe import nvidia-smi"
+        raise FormatError(f"{self.path}: this is {what}: import it with `{command}`")
+
+    @staticmethod
+    def _is_amd(cells: list[str]) -> bool:
+        names = [cell.strip().lower() for cell in cells]
+        if "gpu" not in names:
+            return False
+        after = names[names.index("gpu") + 1 :]
+        return any(name in _AMD_NAMES for name in after) and not any(
+            _split_header(cell)[0].lower() in ("power.draw", "temperature.gpu", "index") for cell in cells
+        )
+
+    def _open_amd(self, cells: list[str]) -> None:
+        names = [cell.strip().lower() for cell in cells]
+        while names and not names[-1]:
+            names.pop()  # amd-smi ends its header with a comma: an empty column its rows do not have
+        starts = [i for i, name in enumerate(names) if name == "gpu"]
+        before = names[: starts[0]]
+        self._amd_time = next((i for i, name in enumerate(before) if name in _AMD_TIME), None)
+        if self._amd_time is None:
+            raise FormatError(
+                f"{self.path}: amd-smi output without a Timestamp column before the first gpu column: log with "
+                "a timestamp per row (the columns found: " + ", ".join(before[:5] or ["none"]) + ")"
+            )
+        ignored: list[str] = [cells[i].strip() for i in range(starts[0]) if i != self._amd_time]
+        for n, start in enumerate(starts):
+            end = starts[n + 1] if n + 1 < len(starts) else len(names)
+            position = {names[i]: i for i in reversed(range(start + 1, end))}
+            block_cells: list[_Cell] = []
+            used: set[int] = set()
+            for aliases, key, unit_name in _AMD:
+                index = next((position[a] for a in aliases if a in position), None)
+                if index is None:
+                    continue
+                used.add(index)
+                block_cells.append(_Cell(index, names[index], FIELDS[key], UNITS[unit_name]))
+                if n == 0 and names[index] in ("edge", "temperature_edge"):
+                    self.notes.append("no hotspot (junction) column: temp_c is the edge temperature")
+            if not block_cells:
+                raise self._unknown_format(",".join(cells), f"the gpu column at {start + 1} has no column it knows")
+            self._amd.append(_AmdBlock(start, start, end, block_cells))
+            if n == 0:
+                ignored += [names[i] for i in range(start + 1, end) if i not in used]
+        self._width = len(names)
+        self.ignored = ignored
+        self.kind = f"amd-smi metric CSV ({len(starts)} GPU block{'s' if len(starts) != 1 else ''} per row)"
+        if not self.options.host:
+            raise FormatError(f"{self.path}: no host: give --host NAME")
+        if self.options.gpu_model:
+            self.notes.append(f"amd-smi writes no names here: model tag {self.options.gpu_model!r} (--gpu-model)")
+        else:
+            self.notes.append("amd-smi writes no names here and no --gpu-model: no model tag")
 
     def _nvsmi_plan(self, cells: list[str], line: str) -> Plan:
         names = [_split_header(cell) for cell in cells]
@@ -464,8 +606,32 @@ class Source:
                 else "no name column and no --gpu-model: no model tag"
             )
 
-    def _open_dmon(self, header: str) -> None:
-        self._dmon = [token.lower() for token in header.lstrip("#").split()]
+    def _open_dmon_headerless(self, tokens: list[str]) -> None:
+        given = [name.strip().lower() for entry in self.options.dmon_columns for name in _DMON_SPLIT.split(entry)]
+        given = [name for name in given if name]
+        names = given or list(DMON_DEFAULT_COLUMNS)
+        if not given and _DMON_CLOCK.fullmatch(tokens[0]):
+            names = names[1:]  # -o T: a time, no date
+        if len(tokens) < len(names):
+            raise FormatError(
+                f"{self.path}: nvidia-smi dmon output without a header, {len(tokens)} columns in its first row, "
+                f"fewer than the {len(names)} of --dmon-columns ({' '.join(names)}): give its columns in order "
+                "with --dmon-columns date,time,gpu,pwr,..."
+            )
+        extra = len(tokens) - len(names)
+        names += [f"column {len(names) + i + 1}" for i in range(extra)]
+        self._open_dmon("# " + " ".join(names), names)
+        self.kind = "nvidia-smi dmon without header"
+        source = "--dmon-columns" if given else "the default of --dmon-columns (nvidia-smi dmon -o DT -s pucm)"
+        self.ignored = [name for name in self.ignored if not name.startswith("column ")]
+        self.notes.append(f"columns from {source}: {' '.join(names[: len(names) - extra])}")
+        if extra:
+            self.notes.append(
+                f"{extra} more columns without a name after {names[len(names) - extra - 1]}: not imported"
+            )
+
+    def _open_dmon(self, header: str, names: list[str] | None = None) -> None:
+        self._dmon = names or [t.lower() for t in _DMON_SPLIT.split(header.lstrip("#").strip()) if t]
         if "gpu" not in self._dmon:
             raise self._unknown_format(header, "a '#' header without a gpu column")
         names = self._dmon
@@ -513,6 +679,8 @@ class Source:
                 f.readline()
             if self._dmon:
                 yield from self._dmon_rows(f)
+            elif self._amd:
+                yield from self._amd_rows(f)
             else:
                 yield from self._csv_rows(f)
 
@@ -558,20 +726,26 @@ class Source:
                 if not host:
                     raise BadRow("no host")
                 values: dict[str, FieldValue] = {}
+                bad_values: list[str] = []
                 for cell in plan.cells:
                     try:
                         value = convert(cells[cell.index], cell.spec, cell.unit)
                     except BadRow:
                         raise BadRow(f"bad value in {cell.header}") from None
-                    if value is not None:
+                    if value is None:
+                        continue
+                    if plausible(cell.spec, value):
                         values[cell.spec.name] = value
+                    else:
+                        bad_values.append(f"out-of-range value in {cell.header}")
             except BadRow as bad:
                 yield Bad(line, bad.reason)
                 continue
             if not values:
-                yield Bad(line, "no values (all not available)")
+                yield Bad(line, "no values (all not available)" if not bad_values else bad_values[0])
                 continue
-            yield Row(line, time_ns, gpu, uuid, model, host, values)
+            key = tuple(cell.strip() for i, cell in enumerate(cells) if i != plan.time)
+            yield Row(line, time_ns, gpu, uuid, model, host, values, key, bad_values=bad_values)
 
     @staticmethod
     def _tag(cells: list[str], index: int | None, name: str) -> str:
@@ -601,7 +775,7 @@ class Source:
             text = raw.strip()
             if not text or text.startswith("#"):
                 continue
-            tokens = text.split()
+            tokens = [token for token in _DMON_SPLIT.split(text) if token]
             if len(tokens) != width:
                 yield Bad(number, "wrong number of columns")
                 continue
@@ -616,20 +790,82 @@ class Source:
                     assert options.dmon_start_ns is not None
                     time_ns = options.dmon_start_ns + round_index * options.dmon_interval_ns
                 values: dict[str, FieldValue] = {}
+                bad_values: list[str] = []
                 for index, spec, unit, name in cells:
                     try:
                         value = convert(tokens[index], spec, unit)
                     except BadRow:
                         raise BadRow(f"bad value in {name}") from None
-                    if value is not None:
+                    if value is None:
+                        continue
+                    if plausible(spec, value):
                         values[spec.name] = value
+                    else:
+                        bad_values.append(f"out-of-range value in {name}")
             except BadRow as bad:
                 yield Bad(number, bad.reason)
                 continue
             if not values:
-                yield Bad(number, "no values (all not available)")
+                yield Bad(number, "no values (all not available)" if not bad_values else bad_values[0])
                 continue
-            yield Row(number, time_ns, gpu, "", options.gpu_model, options.host, values)
+            key = tuple(token for i, token in enumerate(tokens) if i != date_at and i != time_at)
+            yield Row(number, time_ns, gpu, "", options.gpu_model, options.host, values, key, bad_values=bad_values)
+
+    def _amd_rows(self, f: TextIO) -> Iterator[Row | Bad]:
+        """One row per timestamp: a Row (or a Bad) for each GPU block."""
+        options = self.options
+        assert self._amd_time is not None
+        read_time = TimeReader(options.time_format, options.zone)
+        reader = csv.reader(f, skipinitialspace=True)
+        offset = self._header_line
+        header = [c.strip().lower() for c in self._header_cells]
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                yield Bad(offset + reader.line_num, f"unreadable CSV ({e})")
+                continue
+            line = offset + reader.line_num
+            if not cells or (len(cells) == 1 and not cells[0].strip()):
+                continue
+            if len(cells) == self._width + 1 and not cells[-1].strip():
+                cells.pop()  # a trailing comma, as the header has
+            if [c.strip().lower() for c in cells] == header[: len(cells)]:
+                continue  # the header again
+            if len(cells) != self._width:
+                yield Bad(line, "wrong number of columns")
+                continue
+            try:
+                time_ns = _storable_time(read_time(cells[self._amd_time]))
+            except (ValueError, OverflowError):
+                yield Bad(line, "bad timestamp")
+                continue
+            for block in self._amd:
+                try:
+                    gpu = _gpu_index(cells[block.gpu])
+                    values: dict[str, FieldValue] = {}
+                    bad_values: list[str] = []
+                    for cell in block.cells:
+                        try:
+                            value = convert(cells[cell.index], cell.spec, cell.unit)
+                        except BadRow:
+                            raise BadRow(f"bad value in {cell.header}") from None
+                        if value is None:
+                            continue
+                        if plausible(cell.spec, value):
+                            values[cell.spec.name] = value
+                        else:
+                            bad_values.append(f"out-of-range value in {cell.header}")
+                except BadRow as bad:
+                    yield Bad(line, bad.reason)
+                    continue
+                if not values:
+                    yield Bad(line, "no values (all not available)" if not bad_values else bad_values[0])
+                    continue
+                key = tuple(cell.strip() for cell in cells[block.start : block.end])
+                yield Row(line, time_ns, gpu, "", options.gpu_model, options.host, values, key, "amd", bad_values)
 
     def _dmon_time(
         self,
@@ -673,6 +909,14 @@ def _storable_time(time_ns: int) -> int:
 def _next_day(day: tuple[int, int, int]) -> tuple[int, int, int]:
     following = date(*day) + timedelta(days=1)
     return following.year, following.month, following.day
+
+
+def _headerless_dmon(tokens: list[str]) -> bool:
+    """The first row of dmon output without its header: ``20250724 04:47:16 0 63 …`` (-o DT) or
+    ``04:47:16 0 63 …`` (-o T), in spaces or commas."""
+    if len(tokens) >= 4 and _DMON_DATE.fullmatch(tokens[0]) and _DMON_CLOCK.fullmatch(tokens[1]):
+        return tokens[2].isdigit()
+    return len(tokens) >= 3 and bool(_DMON_CLOCK.fullmatch(tokens[0])) and tokens[1].isdigit()
 
 
 def _gpu_index(text: str) -> str:

@@ -7,12 +7,18 @@ from what agents sent (``WHERE "source" = 'import'``). Lines are written with
 (v1 ``/write``, ns precision) in batches of ``batch_lines``.
 
 **Frozen logs.** When the driver hangs, nvidia-smi keeps printing the last readings with new
-timestamps. Per GPU, a stretch of consecutive rows whose measured values (every field, and the uuid
-and name) are all identical to the row that began it, lasting at least ``freeze_after_s`` from that
-row to the last repeat, is a frozen stretch: it is reported with its time range, its first row is
-imported (it was a real reading) and the repeats are not. A shorter stretch is imported as it is. An
-idle GPU logged with few, coarse columns (utilization and a whole-degree temperature) can look frozen
-too: raise ``--freeze-after`` or turn it off (0) for such logs.
+timestamps. But constant readings while the timestamps advance are usually data: a quiet idle GPU
+logged in whole watts and degrees reads the same for minutes. So per GPU, a stretch of consecutive
+rows whose every cell but the time (the imported columns and the others, counters included) is
+identical to the row that began it, lasting at least ``freeze_after_s``, is
+
+- a **frozen stretch** only when the rows show that the logger is stale: the GPU is busy
+  (``util_pct`` above 0: under load the readings move from second to second), or an energy counter
+  (``energy_j``) stands still while the GPU draws power. It is reported with its time range, its first
+  row imported (it was a real reading) and the repeats not;
+- otherwise a **steady stretch**: imported whole, and counted in the summary.
+
+A shorter stretch is imported as it is.
 
 **Bad rows** (a wrong number of columns, a timestamp or value that cannot be read, a row without any
 value, a second row of one GPU with the timestamp of its previous row) are counted by reason with the
@@ -34,6 +40,7 @@ from gpuprobe.influx.settings import InfluxSettings
 MEASUREMENT = "gpu"
 SOURCE_TAG = ("source", "import")
 FIRST_LINES_SHOWN = 5
+IGNORED_SHOWN = 12  # amd-smi has 90 other columns per GPU
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class FrozenStretch:
     last_line: int
     start_ns: int
     end_ns: int
-    repeated_rows: int  # not imported
+    repeated_rows: int  # not imported (frozen) or imported (steady)
 
 
 @dataclass
@@ -99,6 +106,8 @@ class ImportReport:
     files: list[FileReport] = field(default_factory=list)
     bad: dict[str, ReasonCount] = field(default_factory=dict)
     frozen: list[FrozenStretch] = field(default_factory=list)
+    steady: list[FrozenStretch] = field(default_factory=list)  # identical rows at idle: data, imported
+    bad_values: dict[str, ReasonCount] = field(default_factory=dict)  # values left out of imported rows
     series: dict[tuple[str, str], SeriesStats] = field(default_factory=dict)
     freeze_after_s: float = 60.0
     lines_sent: int = 0  # line-protocol lines InfluxDB accepted (0 in a dry run)
@@ -119,10 +128,22 @@ class ImportReport:
     def frozen_rows(self) -> int:
         return sum(s.repeated_rows for s in self.frozen)
 
+    @property
+    def steady_rows(self) -> int:
+        return sum(s.repeated_rows for s in self.steady)
+
+    @property
+    def bad_value_count(self) -> int:
+        return sum(r.count for r in self.bad_values.values())
+
     def render(self) -> str:
         verb = "would be written (dry run: nothing written)" if self.dry_run else f"written to {self.destination}"
+        # GPU rows: a file row of amd-smi holds one per GPU
+        rows = self.points + self.bad_rows + self.frozen_rows
         out = [
             f"rows read: {self.rows_read} in {len(self.files)} file(s); points {verb}: {self.points}",
+            f"GPU rows not imported: {self.bad_rows + self.frozen_rows} of {rows} ({self.bad_rows} bad, "
+            f"{self.frozen_rows} repeats in frozen stretches; below)",
         ]
         for report in self.files:
             out.append(
@@ -132,23 +153,34 @@ class ImportReport:
             for note in report.notes:
                 out.append(f"    {note}")
             if report.ignored:
-                out.append(f"    columns not imported (not in the gpu schema): {', '.join(report.ignored)}")
+                names = ", ".join(report.ignored[:IGNORED_SHOWN])
+                more = f", ... ({len(report.ignored)} in all)" if len(report.ignored) > IGNORED_SHOWN else ""
+                out.append(f"    columns not imported (not in the gpu schema): {names}{more}")
         out.append(f"bad rows (skipped): {self.bad_rows}")
         for reason, count in sorted(self.bad.items(), key=lambda item: (-item[1].count, item[0])):
             more = ", ..." if count.count > len(count.where) else ""
             out.append(f"  {reason}: {count.count} (lines {', '.join(count.where)}{more})")
-        limit = "off" if self.freeze_after_s <= 0 else f"identical readings for {self.freeze_after_s:g} s or more"
-        out.append(
-            f"frozen stretches ({limit}; first row imported, repeats not): {len(self.frozen)}, "
-            f"{self.frozen_rows} rows not imported"
+        out.append(f"bad values (left out, the rest of the row imported): {self.bad_value_count}")
+        for reason, count in sorted(self.bad_values.items(), key=lambda item: (-item[1].count, item[0])):
+            more = ", ..." if count.count > len(count.where) else ""
+            out.append(f"  {reason}: {count.count} (lines {', '.join(count.where)}{more})")
+        rule = (
+            "off"
+            if self.freeze_after_s <= 0
+            else f"identical rows for {self.freeze_after_s:g} s or more under load or with a standing energy "
+            "counter; first row imported, repeats not"
         )
-        for stretch in self.frozen:
+        out.append(f"frozen stretches ({rule}): {len(self.frozen)}, {self.frozen_rows} rows not imported")
+        out += [_stretch_line(stretch) for stretch in self.frozen]
+        if self.freeze_after_s > 0:
             out.append(
-                f"  host {stretch.host} gpu {stretch.gpu}: {format_ns(stretch.start_ns)} .. "
-                f"{format_ns(stretch.end_ns)} ({(stretch.end_ns - stretch.start_ns) / 1e9:g} s, "
-                f"{stretch.repeated_rows} repeated rows, {stretch.path.name} lines "
-                f"{stretch.first_line}-{stretch.last_line})"
+                f"steady stretches (identical rows for {self.freeze_after_s:g} s or more at idle: readings, "
+                f"imported): {len(self.steady)}, {self.steady_rows} rows"
             )
+            shown = sorted(self.steady, key=lambda s: s.start_ns - s.end_ns)[:FIRST_LINES_SHOWN]
+            out += [_stretch_line(stretch) for stretch in shown]
+            if len(self.steady) > len(shown):
+                out.append(f"  ... and {len(self.steady) - len(shown)} shorter")
         out.append(f"GPUs: {len(self.series)}")
         for stats in sorted(self.series.values(), key=lambda s: (s.host, int(s.gpu))):
             labels = " ".join(
@@ -159,6 +191,22 @@ class ImportReport:
                 f"{format_ns(stats.first_ns)} .. {format_ns(stats.last_ns)}"
             )
         return "\n".join(out)
+
+
+def _stretch_line(stretch: FrozenStretch) -> str:
+    return (
+        f"  host {stretch.host} gpu {stretch.gpu}: {format_ns(stretch.start_ns)} .. "
+        f"{format_ns(stretch.end_ns)} ({(stretch.end_ns - stretch.start_ns) / 1e9:g} s, "
+        f"{stretch.repeated_rows} repeated rows, {stretch.path.name} lines "
+        f"{stretch.first_line}-{stretch.last_line})"
+    )
+
+
+def stale(row: Row) -> bool:
+    """Whether identical rows of this reading mean a stale logger rather than a steady GPU: a busy GPU's
+    readings move from second to second, and an energy counter advances whenever power is drawn."""
+    fields = row.fields
+    return fields.get("util_pct", 0) > 0 or ("energy_j" in fields and fields.get("power_w", 0) > 0)
 
 
 def format_ns(ns: int) -> str:
@@ -197,7 +245,7 @@ class Importer:
         )
         self._freeze_ns = int(settings.freeze_after_s * 1e9) if settings.freeze_after_s > 0 else 0
         self._batch: list[str] = []
-        self._prefixes: dict[tuple[str, str, str, str], str] = {}
+        self._prefixes: dict[tuple[str, str, str, str, str], str] = {}
         self._file: FileReport | None = None
         self._path = Path()
 
@@ -216,8 +264,11 @@ class Importer:
             progress.start(str(source.path), source.count_lines())
         runs: dict[tuple[str, str], _Run] = {}
         tick = 0
+        last_line = -1
         for item in source.rows():
-            report.rows += 1
+            if item.line != last_line:  # an amd-smi line holds a row of each GPU
+                report.rows += 1
+                last_line = item.line
             tick += 1
             if tick == 512 and progress is not None:
                 progress.advance(tick)
@@ -225,12 +276,16 @@ class Importer:
             if isinstance(item, Bad):
                 self._bad(item.line, item.reason)
                 continue
+            for reason in item.bad_values:
+                self._count(self.report.bad_values, item.line, reason)
             key = (item.host, item.gpu)
             run = runs.get(key)
             if run is not None and item.time_ns == run.last_ns:
                 self._bad(item.line, "duplicate timestamp for the same GPU (the first row is kept)")
                 continue
-            signature = (tuple(sorted(item.fields.items())), item.uuid, item.model)
+            # every cell but the time: a counter or a column not imported that moves makes it a new reading
+            cells: tuple[object, ...] = item.cells or tuple(sorted(item.fields.items()))
+            signature = (cells, item.uuid, item.model)
             if run is not None and self._freeze_ns and signature == run.signature and item.time_ns > run.last_ns:
                 run.repeats.append((item.line, item.time_ns))
                 continue
@@ -245,38 +300,36 @@ class Importer:
             progress.finish()
 
     def _bad(self, line: int, reason: str) -> None:
-        count = self.report.bad.setdefault(reason, ReasonCount())
+        self._count(self.report.bad, line, reason)
+        assert self._file is not None
+        self._file.bad += 1
+
+    def _count(self, counts: dict[str, ReasonCount], line: int, reason: str) -> None:
+        count = counts.setdefault(reason, ReasonCount())
         count.count += 1
         if len(count.where) < FIRST_LINES_SHOWN:
             count.where.append(f"{self._path.name}:{line}")
-        assert self._file is not None
-        self._file.bad += 1
 
     def _close(self, run: _Run) -> None:
         if not run.repeats:
             return
         first = run.first
         if self._freeze_ns and run.last_ns - first.time_ns >= self._freeze_ns:
-            self.report.frozen.append(
-                FrozenStretch(
-                    self._path,
-                    first.host,
-                    first.gpu,
-                    first.line,
-                    run.repeats[-1][0],
-                    first.time_ns,
-                    run.last_ns,
-                    len(run.repeats),
-                )
-            )
-            assert self._file is not None
-            self._file.frozen_rows += len(run.repeats)
-            return
+            stretch = FrozenStretch(
+                self._path, first.host, first.gpu, first.line, run.repeats[-1][0], first.time_ns, run.last_ns,
+                len(run.repeats),
+            )  # fmt: skip
+            if stale(first):
+                self.report.frozen.append(stretch)
+                assert self._file is not None
+                self._file.frozen_rows += len(run.repeats)
+                return
+            self.report.steady.append(stretch)
         for _, time_ns in run.repeats:
             self._emit(first, time_ns)
 
     def _emit(self, row: Row, time_ns: int) -> None:
-        tags = (row.host, row.gpu, row.uuid, row.model)
+        tags = (row.host, row.gpu, row.uuid, row.model, row.vendor)
         prefix = self._prefixes.get(tags)
         if prefix is None:
             prefix = self._prefixes[tags] = series_prefix(
@@ -286,6 +339,7 @@ class Importer:
                     "gpu": row.gpu,
                     "uuid": row.uuid,
                     "model": row.model,
+                    "vendor": row.vendor,
                     "cluster": self.settings.cluster,
                     SOURCE_TAG[0]: SOURCE_TAG[1],
                 },

@@ -59,6 +59,11 @@ def _gpu_fields(g: GpuResult) -> dict[str, Fields]:
         _put(thermal, "t_amb_c", fit.rc.t_amb_c)
         thermal["method"] = fit.chosen
         thermal["model"] = fit.model
+    if fit.cannot_tell is not None:
+        # no parameters: the recording cannot give them (thermal.can_tell), and says why
+        thermal["identifiable"] = False
+        thermal["cannot_tell"] = fit.cannot_tell
+        thermal["cannot_tell_detail"] = fit.cannot_tell_detail or ""
     _put(thermal, "fit_rmse_c", fit.fit_rmse_c)
     _put(thermal, "holdout_rmse_c", fit.holdout_rmse_c)
     _put(thermal, "rc1_holdout_rmse_c", fit.rc1_holdout_rmse_c)
@@ -196,13 +201,14 @@ def summary_table(results: Results) -> str:
     for g in results.gpus:
         rc = g.thermal.rc
         e = g.efficiency
+        flags = [*g.flags, *([f"can't tell: {g.thermal.cannot_tell}"] if g.thermal.cannot_tell else [])]
         rows.append(
             f"{g.host:<12.12} {g.gpu:>3} {g.model:<24.24} {_f(rc.r_th_c_per_w if rc else None, '.4f', 9)} "
             f"{_f(rc.tau_s if rc else None, '.2f', 6)} {_f(rc.t_amb_c if rc else None, '.1f', 6)} "
             f"{g.thermal.model:>13} {_f(g.thermal.fit_rmse_c, '.2f', 4)} {_f(g.thermal.holdout_rmse_c, '.2f', 4)} "
             f"{_f(g.t_pred_at_limit_c, '.1f', 7)} {_f(g.headroom_c, '.1f', 8)} "
             f"{_f(g.acoustic.steady_db if g.acoustic else None, '.1f', 5)} {_f(e.samples_per_s, '.1f', 9)} "
-            f"{_f(e.j_per_sample, '.4f', 9)} {_f(e.probe_energy_j, '.0f', 9)}  {', '.join(g.flags)}"
+            f"{_f(e.j_per_sample, '.4f', 9)} {_f(e.probe_energy_j, '.0f', 9)}  {', '.join(flags)}"
         )
     rows.append("-" * len(head))
     for n in results.nodes:

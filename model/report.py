@@ -105,6 +105,8 @@ def thermal_figure(ds: Dataset, results: Results, host: str) -> str:
         title = f"GPU {g.gpu} {g.model}"
         if rc is not None:
             title += f": {g.thermal.model} R {rc.r_th_c_per_w:.4f} °C/W, τ {rc.tau_s:.2f} s, T_amb {rc.t_amb_c:.1f} °C"
+        elif g.thermal.cannot_tell:
+            title += f": can't tell ({g.thermal.cannot_tell})"
         ax.set_title(title, fontsize=8)
         ax.set_xlabel("s since start", fontsize=8)
         ax.set_ylabel("°C", fontsize=8)

@@ -49,7 +49,16 @@ from typing import Any
 
 import numpy as np
 
-from gpuprobe.model.thermal_stages import Candidate, Inlet, Stage, StagedFit, StagedInput, StageModel, fit_staged_node
+from gpuprobe.model.thermal_stages import (
+    TAU_MAX_S,
+    Candidate,
+    Inlet,
+    Stage,
+    StagedFit,
+    StagedInput,
+    StageModel,
+    fit_staged_node,
+)
 
 # nvmlClocksEventReasons
 REASON_SW_POWER_CAP = 0x4
@@ -155,6 +164,10 @@ class ThermalFit:
     power_high_w: float | None = None
     power_source: str = "power_instant_w"
     notes: list[str] = field(default_factory=list)
+    # why the recording cannot give this GPU's parameters (then rc and its numbers are None): no load
+    # step, a parameter at a solver bound, or R_th and T_amb not separable (can_tell)
+    cannot_tell: str | None = None
+    cannot_tell_detail: str | None = None
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -398,7 +411,92 @@ def fit_thermal_node(inputs: list[ThermalInput], *, holdout: float = 0.3) -> lis
                 result.rc.t_amb_c,
             )
             result.method = result.chosen
+        reason = can_tell(member, result)
+        if reason is not None:
+            result.cannot_tell, result.cannot_tell_detail = reason
+            result.notes.append(f"can't tell: {reason[0]} ({reason[1]}); no parameters reported")
+            result.rc = result.step = result.arx = None  # the second opinions' numbers are no better
+            result.step_sim_rmse_c = result.arx_sim_rmse_c = None
+            result.r_th_c_per_w = result.tau_s = result.t_amb_c = None
+            result.stages, result.inlet, result.fan_floor = [], None, None
+            result.method = "not identifiable"
     return results
+
+
+#: The power must move by this much (5th to 95th percentile) for the temperature's response to tell
+#: R_th from T_amb: T = T_amb + R_th·P at a steady P has one equation for two unknowns. The larger of an
+#: absolute floor (integer-watt readings of an idle GPU wander by a few W) and a share of the power.
+NO_STEP_MIN_W, NO_STEP_MIN_SHARE = 20.0, 0.15
+#: |correlation| of the R_th and T_amb estimates above which one cannot be told from the other
+#: (the linear first-order model at the fitted slow τ: T = T_amb + R_th·y(t) + d·e^(-t/τ), y the power
+#: through the stage). The real H100 recordings with a step give 0.91-0.98; a warm start at one power
+#: gives 1.0000.
+INSEPARABLE_CORRELATION = 0.995
+
+
+def can_tell(member: StagedInput, fit: ThermalFit) -> tuple[str, str] | None:
+    """None when the window can give this GPU's R_th, τ and T_amb; else (reason, detail)."""
+    power = member.power_w[np.isfinite(member.power_w)]
+    if len(power) == 0:
+        return None
+    p5, p95 = (float(v) for v in np.percentile(power, [5, 95]))
+    needed = max(NO_STEP_MIN_W, NO_STEP_MIN_SHARE * p95)
+    if p95 - p5 < needed:
+        return (
+            "not identifiable (no load step)",
+            f"power stayed within {p5:.0f}-{p95:.0f} W (5th-95th percentile), a step of {needed:.0f} W or more "
+            "is needed to tell R_th from T_amb",
+        )
+    model = fit.fitted
+    if model is not None:
+        at = _at_bound(model)
+        if at:
+            return "a parameter at the solver's bound", f"{at}: a limit of the search, not a measurement"
+    if fit.rc is not None:
+        corr = rth_tamb_correlation(member.t_ns, member.power_w, fit.rc.tau_s)
+        if corr is not None and abs(corr) > INSEPARABLE_CORRELATION:
+            return (
+                "R_th and T_amb not separable",
+                f"their estimates correlate {corr:+.4f} in this recording (the power hardly moves against its "
+                "level): a longer recording with a load step is needed",
+            )
+    return None
+
+
+def _at_bound(model: StageModel) -> str:
+    """The first parameter of the fitted model at a bound of the search (thermal_stages._bounds)."""
+    span = 1e-3
+    if model.t_amb_c <= -50.0 + span or model.t_amb_c >= 150.0 - span:
+        return f"T_amb {model.t_amb_c:.1f} °C"
+    # a fast stage at its lower τ bound is a stage the data does not need, not a wrong number
+    if model.tau_slow_s >= TAU_MAX_S * 0.999:
+        return f"τ {model.tau_slow_s:.0f} s"
+    for stage in model.stages:
+        if stage.r_c_per_w >= 20.0 - span:
+            return f"R {stage.r_c_per_w:.3g} °C/W"
+    return ""
+
+
+def rth_tamb_correlation(t_ns: np.ndarray, power_w: np.ndarray, tau_s: float) -> float | None:
+    """The correlation of the least-squares estimates of T_amb and R_th in T = T_amb + R_th·y + d·e^(-t/τ)
+    (y: the power through a first-order stage of time constant τ from zero): near ±1 when the data
+    cannot tell a higher T_amb from a lower R_th. None when it cannot be computed."""
+    if len(t_ns) < 3 or not tau_s > 0:
+        return None
+    ok = np.isfinite(power_w)
+    t_s, p = (t_ns[ok] - t_ns[ok][0]) / 1e9, power_w[ok]
+    y = np.empty(len(t_s))
+    y[0] = 0.0
+    decay = np.exp(-np.diff(t_s) / tau_s)
+    for k in range(1, len(t_s)):
+        y[k] = p[k - 1] + (y[k - 1] - p[k - 1]) * decay[k - 1]
+    x = np.column_stack([np.ones(len(t_s)), y, np.exp(-t_s / tau_s)])
+    try:
+        cov = np.linalg.inv(x.T @ x)
+    except np.linalg.LinAlgError:
+        return 1.0
+    denominator = math.sqrt(cov[0, 0] * cov[1, 1])
+    return float(cov[0, 1] / denominator) if denominator > 0 else None
 
 
 def _second_opinions(x: ThermalInput) -> tuple[ThermalFit, StagedInput | None]:

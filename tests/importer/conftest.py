@@ -19,21 +19,31 @@ def _no_gpuprobe_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-@pytest.fixture
-def gpuprobe_import(capsys: pytest.CaptureFixture[str]) -> Import:
-    """``gpuprobe_import(*args)`` runs ``gpuprobe import nvidia-smi *args``: (exit status, stdout, stderr)."""
+def _command(capsys: pytest.CaptureFixture[str], tool: str) -> Import:
     from gpuprobe.cli import main
 
     def run(*args: str | Path) -> tuple[int, str, str]:
         capsys.readouterr()
         try:
-            status = main(["import", "nvidia-smi", *map(str, args)])
+            status = main(["import", tool, *map(str, args)])
         except SystemExit as e:  # argparse's usage errors
             status = int(e.code or 0)
         out = capsys.readouterr()
         return status, out.out, out.err
 
     return run
+
+
+@pytest.fixture
+def gpuprobe_import(capsys: pytest.CaptureFixture[str]) -> Import:
+    """``gpuprobe_import(*args)`` runs ``gpuprobe import nvidia-smi *args``: (exit status, stdout, stderr)."""
+    return _command(capsys, "nvidia-smi")
+
+
+@pytest.fixture
+def gpuprobe_import_amd(capsys: pytest.CaptureFixture[str]) -> Import:
+    """``gpuprobe_import_amd(*args)`` runs ``gpuprobe import amd-smi *args``: (exit status, stdout, stderr)."""
+    return _command(capsys, "amd-smi")
 
 
 @pytest.fixture

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import tarfile
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpuprobe.devservices import InfluxDBDatabase
 
@@ -33,3 +38,28 @@ def utc_ns(text: str, fraction_ns: int = 0) -> int:
     """``2025-06-01T12:00:00`` (UTC) + ns as ns since the epoch, computed independently of the importer."""
     moment = datetime.fromisoformat(text).replace(tzinfo=UTC)
     return int(moment.timestamp()) * 1_000_000_000 + fraction_ns
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def realdata(name: str) -> Path:
+    """A real GPU log of the shared realdata folder beside the clone (or $REALDATA_DIR; a worktree's
+    clone sits one level deeper), read in place; the test is skipped where it is absent (a user's clone)."""
+    given = os.environ.get("REALDATA_DIR")
+    folders = [Path(given)] if given else [ROOT.parent / "shared" / "realdata", ROOT.parents[1] / "shared" / "realdata"]
+    for folder in folders:
+        if (folder / name).is_file():
+            return folder / name
+    pytest.skip(f"real GPU log {name} absent (no shared realdata folder beside the clone)")
+
+
+def extract_single(archive: Path, into: Path) -> Path:
+    """The one CSV of a .tar.gz realdata log, unpacked under the test's tmp_path (never the repository)."""
+    with tarfile.open(archive) as tar:
+        member = next(m for m in tar.getmembers() if m.isfile())
+        source = tar.extractfile(member)
+        assert source is not None
+        target = into / Path(member.name).name
+        target.write_bytes(source.read())
+    return target

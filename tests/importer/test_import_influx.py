@@ -347,7 +347,7 @@ def test_bad_rows_are_counted_with_their_lines_and_skipped(
 
 def frozen_log() -> str:
     """GPU 0: changing readings for 10 s, then the same row for 90 s (a hung driver), then changing again;
-    GPU 1: the same idle readings for 30 s (shorter than the threshold), then changing."""
+    GPU 1: the same idle readings for 90 s (a quiet GPU, not a frozen log), then changing."""
     lines = ["timestamp, index, power.draw [W], temperature.gpu, utilization.gpu [%]"]
     for second in range(106):
         stamp = f"2025/06/01 12:{second // 60:02d}:{second % 60:02d}.000"
@@ -357,7 +357,7 @@ def frozen_log() -> str:
             lines.append(f"{stamp}, 0, 310.25 W, 70, 99 %")
         else:
             lines.append(f"{stamp}, 0, {200 + second}.75 W, 65, 50 %")
-        if second <= 30:
+        if second <= 90:
             lines.append(f"{stamp}, 1, 61.00 W, 30, 0 %")
         else:
             lines.append(f"{stamp}, 1, {61 + second}.00 W, 31, 5 %")
@@ -371,7 +371,8 @@ def test_a_frozen_stretch_is_reported_and_its_repeats_not_imported(
     status, out, err = gpuprobe_import("--host", "h", *influx_args(influxdb), path)
     assert status == 0, err
     assert "frozen.csv: nvidia-smi CSV, 212 rows, 122 points, 0 bad, 90 frozen" in out
-    assert "frozen stretches (identical readings for 60 s or more; first row imported, repeats not): 1, 90 rows" in out
+    assert "GPU rows not imported: 90 of 212 (0 bad, 90 repeats in frozen stretches; below)" in out
+    assert "under load or with a standing energy counter; first row imported, repeats not): 1, 90 rows" in out
     # the stretch: from the row that began it (line 22: second 10 of GPU 0) to the last repeat (second 100)
     assert (
         "  host h gpu 0: 2025-06-01T12:00:10.000Z .. 2025-06-01T12:01:40.000Z (90 s, 90 repeated rows, "
@@ -380,12 +381,15 @@ def test_a_frozen_stretch_is_reported_and_its_repeats_not_imported(
     gpu0 = [p["time"] for p in stored_points(influxdb, "WHERE gpu = '0'")]
     start = utc_ns("2025-06-01T12:00:00")
     assert gpu0 == [start + s * 1_000_000_000 for s in [*range(11), *range(101, 106)]]
-    assert len(stored_points(influxdb, "WHERE gpu = '1'")) == 106  # 30 s of identical idle rows: imported
+    # 90 s of identical idle rows: readings of a quiet GPU, imported and said
+    assert len(stored_points(influxdb, "WHERE gpu = '1'")) == 106
+    assert "steady stretches (identical rows for 60 s or more at idle: readings, imported): 1, 90 rows" in out
+    assert "  host h gpu 1: 2025-06-01T12:00:00.000Z .. 2025-06-01T12:01:30.000Z (90 s, 90 repeated rows" in out
 
     influxdb.server.execute('DROP SERIES FROM "gpu"', influxdb.name)
     status, out, err = gpuprobe_import("--host", "h", "--freeze-after", "0", *influx_args(influxdb), path)
     assert status == 0, err
-    assert "frozen stretches (off; first row imported, repeats not): 0, 0 rows not imported" in out
+    assert "frozen stretches (off): 0, 0 rows not imported" in out
     assert len(stored_points(influxdb)) == 212
 
 
