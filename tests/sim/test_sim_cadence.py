@@ -10,10 +10,9 @@ from collections import defaultdict
 # The first read replays the machine's history (an hour of ticks for an old machine): the poller says
 # "polling" once it is done, and its window of `seconds` starts then.
 POLL = """
-seen = []
 loads = list({loads!r})
-last_ts = None
-first = snapshot(H[0])
+last_ts, s = snapshot(H[0])
+seen = [[last_ts, s]]
 emit("polling")
 t0 = time.time()
 while time.time() - t0 < {seconds}:
@@ -39,8 +38,8 @@ def test_values_constant_within_a_period_and_change_across(sim):
     for a whole period misses that tick, which shortens the list of ticks but breaks no claim."""
     period_s = 0.5
     machine = sim.machine("H100-SXM5-80GB", period_s=period_s, tau_s=1.0)
-    machine.set_load(0, 30)
-    readings = sim.run(machine, POLL.format(loads=[60, 90, 100, 45], seconds=3.2, sleep=0.02))
+    # idle until the poller runs (however late a busy machine starts it), then a new load every tick
+    readings = sim.run(machine, POLL.format(loads=[30, 60, 90, 100, 45], seconds=3.5, sleep=0.02))
     by_tick: dict[int, list[dict]] = defaultdict(list)
     for ts, s in readings:
         by_tick[ts].append(s)
@@ -96,15 +95,18 @@ FORKED = """
 import os
 N.nvmlDeviceGetPowerUsage(H[0])  # the parent's reader has the GPU's history open now
 r, w = os.pipe()
+loaded_r, loaded_w = os.pipe()  # the parent says when it has written the load (a starved parent is late)
 pid = os.fork()
 if pid == 0:
     os.close(r)
+    os.read(loaded_r, 1)
     wait_ticks(H[0], 3)  # the load written after the fork is in force
     util = N.nvmlDeviceGetUtilizationRates(H[0]).gpu
     os.write(w, str(util).encode())
     os._exit(0)
 os.close(w)
 set_load(0, 77)
+os.write(loaded_w, b"L")
 wait_ticks(H[0], 3)
 parent = N.nvmlDeviceGetUtilizationRates(H[0]).gpu
 child = int(os.read(r, 16) or b"-1")
