@@ -186,6 +186,11 @@ def test_aggregates_outside_windows_and_the_flight_recorder_around_a_trigger_and
         return times if all(t and t[-1] >= trigger_ns + 3 * S for t in times.values()) else None
 
     wait_until(raw_since_trigger, 30, "raw points after the trigger", interval_s=0.5)
+    # the window is measured from the XID as the agent received it (its gpu_event point), not from when
+    # this test started `sim fail`: on a busy machine that command starts seconds late
+    (xid,) = influx_rows(influxdb, f'SELECT "xid" FROM "gpu_event" WHERE "host" = \'{HOST}\' AND "kind" = \'xid\'')
+    assert xid["time"] >= trigger_ns and xid["xid"] == 63, xid
+    trigger_ns = xid["time"]
     # the window lasts --hires-after from the XID; then aggregates again
     back_ns = trigger_ns + int((HIRES_AFTER_S + 3) * S)
     wait_until(
