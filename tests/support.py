@@ -26,6 +26,8 @@ __all__ = [
     "free_port",
     "free_ports",
     "gpuprobe_command",
+    "pass_time",
+    "pass_time_async",
     "stays",
     "stays_async",
     "wait_until",
@@ -162,3 +164,22 @@ async def stays_async(
         if time.monotonic() >= deadline:
             return
         await asyncio.sleep(min(interval_s, MAX_TEST_SLEEP_S))
+
+
+def pass_time(duration_s: float) -> None:
+    """Let ``duration_s`` pass on the clock, in steps the guard allows.
+
+    Only where the length of time is itself the behaviour under test (a workload phase of a given
+    length, a producer's period, an outage of 60 s); to wait for something to happen use ``wait_until``,
+    and to claim that nothing happens use ``stays``.
+    """
+    deadline = time.monotonic() + duration_s
+    while (left_s := deadline - time.monotonic()) > 0:
+        time.sleep(min(left_s, MAX_TEST_SLEEP_S))
+
+
+async def pass_time_async(duration_s: float) -> None:
+    """``pass_time`` for coroutines: the event loop keeps running meanwhile."""
+    deadline = time.monotonic() + duration_s
+    while (left_s := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(left_s, MAX_TEST_SLEEP_S))

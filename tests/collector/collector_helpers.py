@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import support
 
 from gpuprobe.collector.runner import Collector
 from gpuprobe.collector.settings import CollectorSettings
@@ -60,14 +61,8 @@ async def running(config: CollectorSettings, **kwargs: Any) -> AsyncIterator[Col
         await collector.stop()
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    import asyncio
-
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
+# the collector's tests wait in the event loop their in-process collector runs in
+wait_until = support.wait_until_async
 
 
 # --- raw streams (for misbehaving clients) ---------------------------------------------------------
@@ -224,7 +219,7 @@ class CollectorProcess:
         self.args = [sys.executable, "-m", "gpuprobe", "--log-level", "info", "collector", *args]
         self.log_path = log_path
         self.port = port
-        self.env = {**os.environ, **(env or {})}
+        self.env = support.clean_env(**(env or {}))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 30.0) -> CollectorProcess:
@@ -237,14 +232,19 @@ class CollectorProcess:
                 start_new_session=True,
                 env=self.env,
             )
-        deadline = time.monotonic() + timeout_s
-        while not port_accepts(LOOPBACK, self.port, 0.2):
-            if self.proc.poll() is not None:
-                raise AssertionError(f"collector exited with {self.proc.returncode}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"collector did not listen within {timeout_s} s:\n{self.log()}")
-            time.sleep(0.05)
+        proc = self.proc
+        try:
+            support.wait_until(
+                lambda: port_accepts(LOOPBACK, self.port, 0.2) or proc.poll() is not None,
+                timeout_s,
+                f"the collector listening on port {self.port}",
+                describe=self.log,
+            )
+        except AssertionError:
+            self.kill()
+            raise
+        if proc.poll() is not None:
+            raise AssertionError(f"collector exited with {proc.returncode}:\n{self.log()}")
         return self
 
     def kill(self) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import support
 from collector_helpers import CollectorProcess, collector_config, running, wait_until
 from test_collector_faults import Fleet, assert_exactly_once
 
@@ -44,9 +45,14 @@ def test_ack_after_sink_acks_nothing_while_influxdb_is_down_and_everything_once_
                 sent.extend(batch.gpu_samples)
                 last = agent.enqueue(batch)
             await wait_until(lambda: collector.wal.depth_rows == 5, 10, "the batches in the WAL")
-            await asyncio.sleep(2.0)
-            # durable in the WAL, but InfluxDB does not have them: no ack, the agent keeps them
-            assert agent.acked_seq == 0 and agent.acks == 0
+            await wait_until(
+                lambda: collector.metrics.value("gpuprobe_collector_sink_up") == 0, 10, "the sink to find InfluxDB down"
+            )
+            # durable in the WAL, but InfluxDB does not have them: no ack, the agent keeps them (while the
+            # sink retries, every 0.5 s at most)
+            await support.stays_async(
+                lambda: agent.acked_seq == 0 and agent.acks == 0, 1.0, "no ack while InfluxDB is down"
+            )
             assert collector.metrics.value("gpuprobe_collector_acks_waiting_for_influxdb") == 5
             assert collector.metrics.value("gpuprobe_collector_sink_up") == 0
             await asyncio.to_thread(private_influxdb.start)
@@ -113,13 +119,15 @@ def test_sigterm_drains_the_wal_into_influxdb_before_exiting(
 
     async def scenario() -> None:
         fleet.start()
-        await asyncio.sleep(1.5)
+        await wait_until(lambda: fleet.all_acked_beyond([5] * 3), 30, "five batches of each agent acked")
         await fleet.finish()  # everything acked: durable in the WAL only
-        assert process.proc is not None
-        process.proc.send_signal(15)
-        await asyncio.sleep(0.2)
-        assert process.proc.poll() is None  # draining: waiting for InfluxDB
-        # back within the drain's grace for an InfluxDB that cannot be reached (DRAIN_UNREACHABLE_GRACE_S)
+        proc = process.proc
+        assert proc is not None
+        proc.send_signal(15)
+        await wait_until(lambda: "stopping: ending agent streams" in process.log(), 10, "the drain to start")
+        # draining: waiting for InfluxDB; back within the drain's grace for an InfluxDB that cannot be
+        # reached (DRAIN_UNREACHABLE_GRACE_S, 2 s)
+        await support.stays_async(lambda: proc.poll() is None, 0.5, "the collector draining", describe=process.log)
         await asyncio.to_thread(private_influxdb.start)
         code = await asyncio.to_thread(process.proc.wait, 60)
         assert code == 0, process.log()
@@ -150,7 +158,7 @@ def test_sigterm_with_influxdb_down_says_what_it_left_in_the_wal_and_exits_75_af
 
     async def scenario() -> None:
         fleet.start()
-        await asyncio.sleep(1.0)
+        await wait_until(lambda: fleet.all_acked_beyond([3]), 30, "three batches acked")
         await fleet.finish()
 
     asyncio.run(scenario())
@@ -172,8 +180,9 @@ def test_sigterm_with_influxdb_down_says_what_it_left_in_the_wal_and_exits_75_af
 def test_sigterm_in_sink_mode_with_influxdb_down_leaves_only_unacked_lines_and_exits_0(
     tmp_path: Path, collector_process: Callable[..., CollectorProcess]
 ) -> None:
+    wal = tmp_path / "wal"
     process = collector_process(
-        "--insecure", "--influx-url", "http://127.0.0.1:9", "--wal", str(tmp_path / "wal"),
+        "--insecure", "--influx-url", "http://127.0.0.1:9", "--wal", str(wal),
         "--ack-after", "sink", "--drain-timeout", "1.5",
     )  # fmt: skip
     process.start()
@@ -181,7 +190,8 @@ def test_sigterm_in_sink_mode_with_influxdb_down_leaves_only_unacked_lines_and_e
 
     async def scenario() -> None:
         fleet.start()
-        await asyncio.sleep(1.0)
+        # batches durable in the WAL, none acknowledged (InfluxDB never has them)
+        await wait_until(lambda: pending_lines(wal) > 0, 30, "lines in the WAL")
         assert process.terminate() == 0
         assert all(agent.acked_seq == 0 for agent in fleet.agents)
         for task in fleet._tasks:

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+import support
 from collector_helpers import CollectorProcess, collector_config, running, wait_until
 
 from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.sink import SinkSettings
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
 from gpuprobe.devservices.disks import SmallDisk
-from gpuprobe.devservices.ports import free_port
 from gpuprobe.v1 import telemetry_pb2
 
 Sent = dict[str, list[telemetry_pb2.GpuSample]]
@@ -58,7 +58,7 @@ class Fleet:
                     telemetry_pb2.GpuSample.FromString(s.SerializeToString()) for s in batch.gpu_samples
                 )
                 agent.enqueue(batch)
-            await asyncio.sleep(self.period_s)
+            await support.pass_time_async(self.period_s)  # the agents' sampling schedule
 
     async def finish(self, timeout_s: float = 60.0) -> None:
         assert self._producer is not None
@@ -72,6 +72,13 @@ class Fleet:
     @property
     def total(self) -> int:
         return sum(len(samples) for samples in self.sent.values())
+
+    def all_acked_beyond(self, seqs: list[int]) -> bool:
+        """Whether every agent has had a batch after ``seqs[i]`` (one per agent) acknowledged."""
+        return all(agent.acked_seq > seq for agent, seq in zip(self.agents, seqs, strict=True))
+
+    def acked(self) -> list[int]:
+        return [agent.acked_seq for agent in self.agents]
 
 
 def assert_exactly_once(influx: InfluxDBServer, db: str, sent: Sent) -> None:
@@ -98,17 +105,16 @@ async def wait_stored(influx: InfluxDBServer, db: str, count: int, timeout_s: fl
         series = influx.query(db, "SELECT count(power_w) FROM gpu")
         return int(series[0].values[0][1]) if series else 0
 
-    deadline = time.monotonic() + timeout_s
-    while (got := await asyncio.to_thread(stored)) < count:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"only {got} of {count} samples stored after {timeout_s} s")
-        await asyncio.sleep(0.2)
+    async def enough() -> bool:
+        return await asyncio.to_thread(stored) >= count
+
+    await wait_until(enough, timeout_s, f"{count} samples stored", interval_s=0.2, describe=stored)
 
 
 def test_collector_killed_with_sigkill_mid_stream_and_restarted_loses_and_duplicates_nothing(
     influxdb: InfluxDBDatabase, tmp_path: Path, collector_process: Callable[..., CollectorProcess]
 ) -> None:
-    metrics_port = free_port()
+    metrics_port = support.free_port()
     process = collector_process(
         "--insecure",
         "--influx-url", influxdb.server.url,
@@ -122,12 +128,19 @@ def test_collector_killed_with_sigkill_mid_stream_and_restarted_loses_and_duplic
 
     async def scenario() -> None:
         fleet.start()
-        await asyncio.sleep(1.5)
-        acked_before = [agent.acked_seq for agent in fleet.agents]
+        await wait_until(lambda: fleet.all_acked_beyond([5] * 3), 30, "five batches of each agent acked")
+        acked_before = fleet.acked()
         process.kill()  # SIGKILL: no chance to flush or say goodbye
-        await asyncio.sleep(0.7)  # the agents keep spooling and try to reconnect
+        # the agents keep spooling (batches beyond the last acked one) and try to reconnect (an error each)
+        await wait_until(
+            lambda: all(a.errors and a.next_seq > a.acked_seq + 3 for a in fleet.agents),
+            30,
+            "every agent to lose its stream and spool three batches more",
+        )
+        spooled = [agent.next_seq - 1 for agent in fleet.agents]
         await asyncio.to_thread(process.start)
-        await asyncio.sleep(1.5)
+        # the restarted collector takes what was spooled while it was away
+        await wait_until(lambda: fleet.all_acked_beyond(spooled), 30, "the batches spooled meanwhile acked")
         await fleet.finish()
         assert all(agent.acked_seq > before for agent, before in zip(fleet.agents, acked_before, strict=True))
         for agent in fleet.agents:
@@ -169,13 +182,13 @@ def test_influxdb_stopped_for_60_s_mid_stream_the_wal_grows_then_drains_and_noth
                 f"127.0.0.1:{collector.port}", ["rack-1", "rack-2", "rack-3"], gpus=8, samples_per_gpu=10, period_s=0.5
             )
             fleet.start()
-            await asyncio.sleep(2.0)
+            await wait_until(lambda: fleet.all_acked_beyond([2] * 3), 30, "two batches of each agent acked")
             await asyncio.to_thread(private_influxdb.stop)
             outage_started = time.monotonic()
             acked_at_stop = [agent.acked_seq for agent in fleet.agents]
             while time.monotonic() - outage_started < 60.0:
                 depth.append((time.monotonic() - outage_started, collector.wal.depth_lines))
-                await asyncio.sleep(1.0)
+                await support.pass_time_async(1.0)  # the outage lasts 60 s: its WAL depth once a second
             # acks went on during the outage: the batches were durable in the WAL
             assert all(
                 agent.acked_seq > at_stop + 100 for agent, at_stop in zip(fleet.agents, acked_at_stop, strict=True)
@@ -183,7 +196,9 @@ def test_influxdb_stopped_for_60_s_mid_stream_the_wal_grows_then_drains_and_noth
             assert collector.metrics.value("gpuprobe_collector_sink_up") == 0
             peak = collector.wal.depth_lines
             await asyncio.to_thread(private_influxdb.start)
-            await asyncio.sleep(2.0)
+            await wait_until(
+                lambda: collector.metrics.value("gpuprobe_collector_sink_up") == 1, 30, "the sink up again"
+            )
             await fleet.finish()
             await wait_until(lambda: collector.wal.depth_lines == 0, 60, "the WAL to drain")
             assert collector.metrics.value("gpuprobe_collector_sink_up") == 1
@@ -222,10 +237,20 @@ def test_wal_disk_full_then_space_and_influxdb_back_delivers_everything_once_wit
             failure = collector.wal.failure
             assert failure is not None and failure.disk_full, failure
             assert collector.metrics.value("gpuprobe_collector_wal_up") == 0
-            await asyncio.sleep(3.0)  # the WAL keeps failing: nothing more is acked
-            acked_while_full = [agent.acked_seq for agent in fleet.agents]
-            await asyncio.sleep(2.0)
-            assert [agent.acked_seq for agent in fleet.agents] == acked_while_full
+            # the WAL retries the commit (after 0.2 s, then doubling) and keeps failing; acks of what it
+            # committed before are long delivered by then (the agents run in this event loop)
+            await wait_until(
+                lambda: collector.wal.failure is not None and collector.wal.failure.failed_commits >= 2,
+                30,
+                "the WAL's commit to fail twice",
+            )
+            acked_while_full = fleet.acked()
+            await support.stays_async(
+                lambda: fleet.acked() == acked_while_full,
+                2.0,
+                "nothing more acked while the WAL's disk is full",
+                describe=fleet.acked,
+            )
             assert collector.wal.failure is not None and collector.wal.failure.failed_commits >= 2
             assert "NOT WRITABLE (disk full" in collector.wal.state()
 
@@ -296,13 +321,14 @@ def test_influxdb_disk_full_is_retried_nothing_is_quarantined_and_everything_arr
                     90,
                     "InfluxDB to answer that its disk is full",
                 )
-                await asyncio.sleep(2.0)
-                assert collector.metrics.value("gpuprobe_collector_sink_up") == 0
+                await wait_until(
+                    lambda: collector.metrics.value("gpuprobe_collector_sink_up") == 0, 30, "the sink down"
+                )
                 assert collector.wal.quarantine_count() == 0  # a full disk is not the lines' fault
-                acked = [agent.acked_seq for agent in fleet.agents]
-                await asyncio.sleep(1.0)
+                acked = fleet.acked()
                 # the agents are still acked: the collector's WAL holds what InfluxDB cannot take yet
-                assert all(agent.acked_seq > before for agent, before in zip(fleet.agents, acked, strict=True))
+                await wait_until(lambda: fleet.all_acked_beyond(acked), 30, "acks while InfluxDB's disk is full")
+                assert collector.wal.quarantine_count() == 0
                 disk.resize(512 * 1024 * 1024)
                 # InfluxDB 1.x does not recover from a full disk by itself (its WAL writer keeps failing
                 # with ENOSPC): it needs a restart once it has room, which the collector rides out
@@ -325,7 +351,7 @@ def test_influxdb_disk_full_is_retried_nothing_is_quarantined_and_everything_arr
 def test_sigterm_acks_what_is_durable_ends_streams_with_unavailable_and_keeps_the_wal(
     influxdb: InfluxDBDatabase, tmp_path: Path, collector_process: Callable[..., CollectorProcess]
 ) -> None:
-    dead_influx = f"http://127.0.0.1:{free_port()}"
+    dead_influx = f"http://127.0.0.1:{support.free_port()}"
     common = ["--insecure", "--influx-db", influxdb.name, "--wal", str(tmp_path / "wal"), "--sink-max-backoff", "0.3"]
     first = collector_process(*common, "--influx-url", dead_influx, "--drain-timeout", "1")
     first.start()
@@ -333,7 +359,8 @@ def test_sigterm_acks_what_is_durable_ends_streams_with_unavailable_and_keeps_th
 
     async def scenario() -> None:
         fleet.start()
-        await asyncio.sleep(1.0)
+        # batches acknowledged (durable in the WAL) that InfluxDB, being down, cannot take
+        await wait_until(lambda: fleet.all_acked_beyond([3]), 30, "three batches acked")
         code = await asyncio.to_thread(first.terminate)
         assert code == 75  # InfluxDB is down: the drain left acknowledged lines in the WAL, and says so
         assert "stopping: ending agent streams" in first.log()
@@ -352,7 +379,7 @@ def free_port_pair() -> int:
     """A port ``p`` with ``p + 1`` free too: worker ``i`` serves its metrics on ``p + i``. A lone free port's
     neighbour is often an outgoing connection's (both come from the ephemeral range)."""
     for _ in range(100):
-        port = free_port()
+        port = support.free_port()
         if port < 65535:
             with contextlib.suppress(OSError), socket.socket() as probe:
                 probe.bind(("127.0.0.1", port + 1))
@@ -377,7 +404,8 @@ def test_workers_share_one_port_each_with_its_own_wal_and_metrics(
 
     async def scenario() -> None:
         fleet.start()
-        await asyncio.sleep(1.0)
+        # every agent streams (to one worker or the other) and is acked before they all stop
+        await wait_until(lambda: fleet.all_acked_beyond([3] * 6), 30, "three batches of each agent acked")
         await fleet.finish()
         await wait_stored(influxdb.server, influxdb.name, fleet.total, 30)
 
@@ -409,7 +437,7 @@ def test_a_worker_whose_metrics_port_is_taken_stops_the_collector_before_it_serv
         done = subprocess.run(
             [
                 sys.executable, "-m", "gpuprobe", "--log-level", "info", "collector", "--insecure",
-                "--workers", "2", "--listen", f"127.0.0.1:{free_port()}", "--influx-url", "http://127.0.0.1:9",
+                "--workers", "2", "--listen", f"127.0.0.1:{support.free_port()}", "--influx-url", "http://127.0.0.1:9",
                 "--wal", str(tmp_path / "wal"), "--metrics-listen", f"127.0.0.1:{metrics_port}",
             ],
             capture_output=True, text=True, timeout=60,

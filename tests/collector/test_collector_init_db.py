@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import support
 
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
 from gpuprobe.influx.client import InfluxClient
@@ -63,9 +62,12 @@ def policies(influxdb: InfluxDBDatabase) -> dict[str, tuple[str, str, bool]]:
 
 
 def gpuprobe(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
     return subprocess.run(
-        [sys.executable, "-m", "gpuprobe", "collector", *args], capture_output=True, text=True, env=env, timeout=60
+        [*support.gpuprobe_command(), "collector", *args],
+        capture_output=True,
+        text=True,
+        env=support.clean_env(),
+        timeout=60,
     )
 
 
@@ -258,13 +260,18 @@ def test_the_continuous_queries_run_on_influxdbs_schedule(influxdb: InfluxDBData
     now = time.time_ns()
     # 25 s of samples up to now: at least one whole 10 s window, which the next runs (over the last 30 s) cover
     influxdb.write_lines([gpu_line(0, now - 25 * NS + i * NS // 10, i) for i in range(250)])
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline:
+
+    def full_window() -> bool:
         series = influxdb.query(f'SELECT "samples", "power_w" FROM "{ROLLUP_10S}"."gpu"')
-        if series and any(row[1] == 100 for row in series[0].values):
-            return
-        time.sleep(1)
-    pytest.fail(f"no 10 s rollup of a full window after 40 s: {series}")
+        return bool(series) and any(row[1] == 100 for row in series[0].values)
+
+    support.wait_until(
+        full_window,
+        40,
+        "a 10 s rollup of a full window",
+        interval_s=1.0,
+        describe=lambda: influxdb.query(f'SELECT "samples", "power_w" FROM "{ROLLUP_10S}"."gpu"'),
+    )
 
 
 def test_every_continuous_query_is_a_valid_select_into(influxdb: InfluxDBDatabase, client: InfluxClient) -> None:
@@ -369,9 +376,9 @@ def test_probe_points_go_to_the_events_policy_too_and_readers_still_find_them(
                 await agent.wait_acked(last, 20)
                 await agent.close()
                 await task
-                deadline = time.monotonic() + 20
-                while collector.wal.depth_rows and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
+                await support.wait_until_async(
+                    lambda: collector.wal.depth_rows == 0, 20, "the WAL written into InfluxDB"
+                )
                 return {
                     "events_lane_up": collector.metrics.value(
                         "gpuprobe_collector_destination_up", {"destination": f"default ({EVENTS_RP})"}

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import support
 from collector_helpers import FAST_SINK, RecordingServer, collector_config, running, wait_until
 from test_collector_faults import assert_exactly_once
 
@@ -211,8 +212,13 @@ def test_while_a_destination_is_down_the_batches_without_its_lines_are_written_a
             first_eu = rows[1][1]
             assert first_eu is not None
             waiting = asyncio.ensure_future(sink.written(first_eu))
-            await asyncio.sleep(0.5)
-            assert not waiting.done() and wal.depth_rows == 20  # nothing deleted: eu has not taken row 1
+            # nothing deleted: eu has not taken row 1 (its writes time out after 1 s and are retried)
+            await support.stays_async(
+                lambda: not waiting.done() and wal.depth_rows == 20,
+                0.5,
+                "row 1 unwritten and every row in the WAL",
+                describe=lambda: (waiting.done(), wal.depth_rows),
+            )
             waiting.cancel()
         finally:
             await sink.stop()

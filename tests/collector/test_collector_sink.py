@@ -45,8 +45,10 @@ def drain(
     settings: SinkSettings = FAST_SINK,
     timeout_s: float = 30.0,
     during: Callable[[Sink], None] | None = None,
+    during_when: Callable[[Sink], bool] = lambda sink: True,
 ) -> Drained:
-    """Stores ``batches`` in a WAL, runs a sink until the WAL is empty; returns what it left."""
+    """Stores ``batches`` in a WAL, runs a sink until the WAL is empty; returns what it left.
+    ``during(sink)`` runs once ``during_when(sink)`` holds, while the sink runs."""
 
     async def scenario() -> Drained:
         wal = WriteAheadLog(tmp_path / "wal.sqlite")
@@ -58,7 +60,7 @@ def drain(
         await sink.start()
         try:
             if during is not None:
-                await asyncio.sleep(0.3)
+                await wait_until(lambda: during_when(sink), timeout_s, "the state to check while the sink runs")
                 during(sink)
             await wait_until(lambda: wal.depth_rows == 0, timeout_s, "the WAL to drain")
         finally:
@@ -278,7 +280,14 @@ def test_401_raises_an_alert_and_keeps_buffering_until_fixed(recording_server: R
         authorized.set()
 
     settings = SinkSettings(linger_s=0.0, backoff_initial_s=0.05, backoff_max_s=0.1)
-    drained = drain(tmp_path, v1(recording_server), [lines_of(0, 10)], settings, during=check_alert)
+
+    def alerted(sink: Sink) -> bool:
+        alerts = sink.metrics.value("gpuprobe_collector_sink_alerts_total", {"status": "401"})
+        return alerts >= 1 and sink.metrics.value("gpuprobe_collector_sink_up") == 0
+
+    drained = drain(
+        tmp_path, v1(recording_server), [lines_of(0, 10)], settings, during=check_alert, during_when=alerted
+    )
     assert seen["alerts"] >= 1 and seen["up"] == 0 and seen["queued"] == 10
     assert drained.metrics.value("gpuprobe_collector_sink_up") == 1
     assert drained.quarantine == []
@@ -356,10 +365,12 @@ class _GatedBackend:
     def __init__(self, held: bytes) -> None:
         self.held = held
         self.release = asyncio.Event()
+        self.answered = 0  # requests answered, the held one not among them until released
 
     async def write(self, body: bytes) -> Answer:
         if self.held in body:
             await self.release.wait()
+        self.answered += 1
         return Answer(204)
 
     async def prepare(self) -> None:
@@ -388,7 +399,7 @@ def test_written_waits_until_influxdb_has_the_row_and_every_row_before_it(tmp_pa
         await sink.start()
         try:
             waiting = asyncio.ensure_future(sink.written(second))
-            await asyncio.sleep(0.5)  # the second request was answered; the first is held
+            await wait_until(lambda: backend.answered >= 1, 5, "the second request answered (the first is held)")
             assert not waiting.done() and sink.written_through < first
             backend.release.set()
             await asyncio.wait_for(waiting, 5)

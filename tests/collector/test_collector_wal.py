@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import support
 
 from gpuprobe.collector.compression import gunzip_bytes
 from gpuprobe.collector.wal import WalError, WriteAheadLog, merge_orphans, wal_path
@@ -128,7 +129,7 @@ def test_a_connection_that_cannot_write_is_reopened_and_the_held_batch_is_commit
         # the writer's connection refuses writes (as after an I/O error); the file itself is fine
         wal._db.execute("PRAGMA query_only = ON")
         held = asyncio.ensure_future(wal.append("agent-1", "spool-a", 2, b"m v=2 2\n", 1))
-        await asyncio.sleep(0.3)
+        await support.wait_until_async(lambda: wal.failure is not None, 10, "the commit to fail")
         assert not held.done()  # neither acked nor refused while it is retried
         assert wal.failure is not None and wal.failure.cause == "read-only" and not wal.healthy
         assert wal.alive  # retrying is alive: systemd's watchdog goes on

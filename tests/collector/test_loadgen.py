@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 import pytest
+import support
 
 from gpuprobe.collector.loadgen import METHOD, AgentSpec, SyntheticAgent
 from gpuprobe.devservices.ports import LOOPBACK
@@ -47,6 +48,14 @@ class HeldReader(SyntheticAgent):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.first_call: grpc.aio.StreamStreamCall | None = None
         self.release = asyncio.Event()
+        self.first_call_writes = 0  # writes tried on the first stream (Hello included), failed or not
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, request: bytes) -> None:
+        try:
+            await super()._write(call, request)
+        finally:
+            if call is self.first_call or self.first_call is None:
+                self.first_call_writes += 1
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         if self.first_call is None:
@@ -79,15 +88,18 @@ def test_a_write_into_a_stream_that_already_ended_is_a_stream_error_and_the_agen
         task = asyncio.create_task(agent.run())
         try:
             agent.enqueue(agent.factory.batch(samples_per_gpu=2))
-            for _ in range(500):  # the server aborts after the Hello; the held reader has not seen it
-                if agent.first_call is not None and agent.first_call.done():
-                    break
-                await asyncio.sleep(0.01)
-            assert agent.first_call is not None and agent.first_call.done()
-            await asyncio.sleep(0.1)  # the first batch's write has failed or gone through by now
+            # the server aborts after the Hello; the held reader has not seen it
+            await support.wait_until_async(
+                lambda: agent.first_call is not None and agent.first_call.done(), 5, "the first stream to end"
+            )
+            # the first batch's write has failed (the session ended) or gone through
+            await support.wait_until_async(
+                lambda: agent.errors or agent.first_call_writes >= 2, 5, "the first batch written"
+            )
             seq = agent.enqueue(agent.factory.batch(samples_per_gpu=2))  # written into the ended RPC
-            for _ in range(50):
-                await asyncio.sleep(0.01)
+            await support.wait_until_async(
+                lambda: agent.errors or agent.first_call_writes >= 3, 5, "the second batch written into the ended RPC"
+            )
             agent.release.set()
             await agent.close(timeout_s=10)  # the old generator died here and close() waited it out
             await task
@@ -115,8 +127,8 @@ def test_an_unexpected_error_is_a_stream_event_and_close_fails_at_once_when_run_
         task = asyncio.create_task(agent.run())
         try:
             agent.enqueue(agent.factory.batch(samples_per_gpu=1))
-            await asyncio.sleep(0.5)
             # every session fails with the same unexpected error: recorded, and run() reconnects
+            await support.wait_until_async(lambda: len(agent.errors) >= 2, 10, "two failed sessions")
             assert not task.done()
             assert len(agent.errors) >= 2
             assert all(e.code == grpc.StatusCode.UNKNOWN for e in agent.errors)
@@ -144,7 +156,7 @@ def test_a_cancel_that_the_session_turns_into_an_error_still_ends_run() -> None:
 
         async def _session(self) -> bool:
             try:
-                await asyncio.sleep(30)
+                await asyncio.Event().wait()  # a session that never ends by itself
             except asyncio.CancelledError:
                 if self.turned:
                     raise  # only the first cancel is turned (the test's own cleanup must end the task)

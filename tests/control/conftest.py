@@ -4,8 +4,6 @@ simulated GPUs, the real operator commands, and a library-level operator for han
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support
+from support import gpuprobe_command
 
 from gpuprobe.control import keys, mqtt, operator_side, signing
 from gpuprobe.sim.profiles import PROFILES, with_overrides
@@ -24,18 +24,9 @@ from gpuprobe.sim.runner import SimMachine, open_machine
 from gpuprobe.v1 import control_pb2
 
 
-def gpuprobe_command() -> list[str]:
-    script = Path(sys.executable).parent / "gpuprobe"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("gpuprobe")
-    return [found] if found else [sys.executable, "-m", "gpuprobe"]
-
-
 def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
-    env["GPUPROBE_THREADS"] = "1"  # the trainers: one torch thread each, the suite runs on two cores
-    return env
+    """The trainers get one torch thread each: the suite runs on two cores."""
+    return support.clean_env(GPUPROBE_THREADS="1")
 
 
 @dataclass
@@ -93,15 +84,17 @@ class ControlAgent:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def wait_log(self, text: str, timeout_s: float = 60.0, count: int = 1) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def written() -> str | None:
             log = self.log()
             if log.count(text) >= count:
                 return log
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"control agent {self.host} exited ({self.proc.returncode}):\n{log}")
-            time.sleep(0.05)
-        raise AssertionError(f"control agent {self.host}: no {text!r} in its log within {timeout_s} s:\n{self.log()}")
+            return None
+
+        return support.wait_until(
+            written, timeout_s, f"{text!r} in control agent {self.host}'s log", describe=lambda: self.log()[-4000:]
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
         assert self.proc is not None

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+import support
 
 from gpuprobe.control import keys, signing, topics
 from gpuprobe.v1 import common_pb2, control_pb2
@@ -21,12 +22,12 @@ def _reason(reply: control_pb2.CommandReply) -> str:
 
 
 def _wait_result(operator: Any, probe_id: str, host: str, timeout_s: float = 60) -> control_pb2.ProbeResult:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def result() -> control_pb2.ProbeResult | None:
         for msg in operator.retained(topics.results(probe_id, host)):
             return control_pb2.ProbeResult.FromString(msg.payload)
-        time.sleep(0.3)
-    raise AssertionError(f"no result for {probe_id} from {host}")
+        return None
+
+    return support.wait_until(result, timeout_s, f"the result of {probe_id} from {host}", interval_s=0.3)
 
 
 def test_bad_commands_are_refused_with_a_visible_reason_and_nothing_runs(
@@ -151,19 +152,28 @@ def test_fleet_shows_online_offline_and_lost_agents(fleet: Any, cli: Any, mqtt_b
     killed = fleet.agent(mqtt_broker.url, extra_args=["--cluster", cluster], gpus=0)
     assert stopped.stop(signal.SIGTERM) == 0
     killed.stop(signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while True:
+    expected = {online.host: "online", stopped.host: "offline", killed.host: "lost"}
+
+    def listed() -> dict[str, Any]:
         done = cli("fleet", "--json")
         assert done.returncode == 0, done.stderr
-        agents = {a["host"]: a for a in json.loads(done.stdout) if a["cluster"] == cluster}
-        states = {host: a["state"] for host, a in agents.items()}
-        if (
-            states == {online.host: "online", stopped.host: "offline", killed.host: "lost"}
-            or time.monotonic() > deadline
-        ):
-            break
-        time.sleep(0.5)
-    assert states == {online.host: "online", stopped.host: "offline", killed.host: "lost"}
+        return {a["host"]: a for a in json.loads(done.stdout) if a["cluster"] == cluster}
+
+    def states_of(agents: dict[str, Any]) -> dict[str, str]:
+        return {host: a["state"] for host, a in agents.items()}
+
+    def as_expected() -> dict[str, Any] | None:
+        agents = listed()
+        return agents if states_of(agents) == expected else None
+
+    # the stopped agent said it went offline; the killed one is lost once its presence is overdue
+    agents = support.wait_until(
+        as_expected,
+        20,
+        f"the fleet to list {expected}",
+        interval_s=0.5,
+        describe=lambda: states_of(listed()),
+    )
     assert [g["name"] for g in agents[online.host]["gpus"]] == ["NVIDIA L4", "NVIDIA L4"]
     assert agents[killed.host]["gpus"] == []
     assert "idle" in agents[online.host]["workloads"] and "resnet50" in agents[online.host]["workloads"]

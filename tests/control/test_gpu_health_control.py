@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -24,21 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import clean_env, gpuprobe_command
 
 from gpuprobe.control import mqtt, operator_side, topics
 from gpuprobe.control.gpus import LOST_REASON
 from gpuprobe.sim import state
 from gpuprobe.v1 import common_pb2, control_pb2
-
-
-def gpuprobe_command() -> list[str]:
-    script = Path(sys.executable).parent / "gpuprobe"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuprobe"]
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROBE_", "NOTIFY_SOCKET", "WATCHDOG_"))}
-
 
 FAILED = common_pb2.GPU_HEALTH_FAILED
 HEALTHY = common_pb2.GPU_HEALTH_HEALTHY

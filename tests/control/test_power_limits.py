@@ -400,7 +400,7 @@ def test_a_killed_agent_leaves_the_file_and_the_next_start_restores_the_limits(n
         pl.apply(0, pl.resolve(0, parse_limit("45W")))
         pl.apply(1, pl.resolve(1, parse_limit("200W")))
         emit("applied")
-        time.sleep(600)
+        sys.stdin.read()  # runs on, as an agent does, until its SIGKILL (or the test closes stdin)
         """
     )
     try:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import support
 
 from gpuprobe.control import replay, selector
 from gpuprobe.v1 import common_pb2
@@ -56,7 +57,7 @@ def test_replay_memory_survives_a_restart_and_forgets_expired_ids(tmp_path: Path
     store.remember("live", now + 60 * 10**9)
     store.remember("short", now + 200_000_000)
     assert "live" in store and "short" in store
-    time.sleep(0.3)
+    support.wait_until(lambda: time.time_ns() > now + 200_000_000, 5, "the short id's expiry")
     again = replay.ReplayStore(tmp_path)
     assert "live" in again
     assert "short" not in again  # expired: the command itself is refused as EXPIRED from now on

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import support
 
 from gpuprobe.control import keys, signing, topics
 from gpuprobe.v1 import common_pb2, control_pb2
@@ -62,24 +62,12 @@ def send(operator: Any, operator_key: Any, command: control_pb2.Command, host: s
 
 
 def wait_result(operator: Any, probe_id: str, host: str, timeout_s: float = 60) -> control_pb2.ProbeResult:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def result() -> control_pb2.ProbeResult | None:
         for got in operator.retained(topics.results(probe_id, host)):
-            result = control_pb2.ProbeResult()
-            result.ParseFromString(got.payload)
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"no result of {probe_id} from {host} within {timeout_s} s")
+            return control_pb2.ProbeResult.FromString(got.payload)
+        return None
 
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return support.wait_until(result, timeout_s, f"the result of {probe_id} from {host}", interval_s=0.5)
 
 
 def test_each_point_runs_at_its_limit_and_the_limit_is_restored(
@@ -130,7 +118,7 @@ def test_a_cancelled_study_restores_the_limit(
     agent = fleet.agent(operator.broker_url, extra_args=["--allow-power-limits"])
     command = study_command(make_start, agent.host, ["60%", "80%"], duration_s=60)
     assert send(operator, operator_key, command, agent.host).accepted
-    wait_for(lambda: limit_events(agent), 30, "the first point's limit")
+    support.wait_until(lambda: limit_events(agent), 30, "the first point's limit")
 
     probe_id = command.probe_start.probe_id
     cancelled = cli("probe", "cancel", probe_id, "--key", str(operator_key.private))
@@ -146,7 +134,7 @@ def test_a_killed_agent_restores_the_limit_when_it_starts_again(
     agent = fleet.agent(operator.broker_url, extra_args=["--allow-power-limits"])
     command = study_command(make_start, agent.host, ["60%"], duration_s=120)
     assert send(operator, operator_key, command, agent.host).accepted
-    wait_for(lambda: limit_events(agent), 30, "the point's limit")
+    support.wait_until(lambda: limit_events(agent), 30, "the point's limit")
     saved = agent.control_dir / "power-limits.json"
     assert saved.exists()
     assert "72" in json.dumps(json.loads(saved.read_text()))  # the original limit, kept before the change
@@ -154,7 +142,9 @@ def test_a_killed_agent_restores_the_limit_when_it_starts_again(
     assert agent.stop(signal.SIGKILL) == -signal.SIGKILL
     assert [mw for _, mw in limit_events(agent)] == [43200]  # nobody restored it: the agent died
     agent.start()
-    wait_for(lambda: [mw for _, mw in limit_events(agent)] == [43200, L4_DEFAULT_MW], 30, "the restore at start")
+    support.wait_until(
+        lambda: [mw for _, mw in limit_events(agent)] == [43200, L4_DEFAULT_MW], 30, "the restore at start"
+    )
     assert not saved.exists()
 
 

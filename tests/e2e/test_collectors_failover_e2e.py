@@ -21,7 +21,8 @@ from collections import Counter as Tally
 from pathlib import Path
 
 import pytest
-from test_fleet_e2e import INTERVAL_S, STOPPED, Proc, System, clean_env, gpuprobe_command, influx_rows, wait_until
+from support import clean_env, gpuprobe_command, stays, wait_until
+from test_fleet_e2e import INTERVAL_S, STOPPED, Proc, System, influx_rows
 
 from gpuprobe.agent.uplink import first_choice
 from gpuprobe.devservices import InfluxDBDatabase
@@ -38,6 +39,20 @@ REQUIRED = {"gpu": "power_w", "node": "cpu_pct", "acoustic": "est_dba"}  # one f
 
 def streaming_to(agent: Proc) -> list[str]:
     return re.findall(r"streaming to collector (\S+)", agent.log())
+
+
+def wal_agents(wal_dir: Path) -> set[str]:
+    """The agents of which a collector's WAL holds batches not yet written to InfluxDB."""
+    held: set[str] = set()
+    for path in wal_dir.glob("collector-*.sqlite"):
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            held |= {agent for (agent,) in db.execute("SELECT DISTINCT agent_id FROM pending")}
+        except sqlite3.OperationalError:  # the collector has not created its tables yet
+            pass
+        finally:
+            db.close()
+    return held
 
 
 @pytest.mark.parametrize("run", range(1, 6))
@@ -85,15 +100,35 @@ def test_a_killed_and_a_drained_collector_strand_nothing(
             assert p.alive(), f"{p.name} exited ({p.proc.returncode})\n{system.logs()}"
         return all(streaming_to(a) for a in agents.values())
 
-    wait_until(all_streaming, 90, "every agent streaming to a collector", 0.5)
+    wait_until(all_streaming, 90, "every agent streaming to a collector", interval_s=0.5)
     # each starts at its first choice, which the stable hash picked
     for agent_id, agent in agents.items():
         assert streaming_to(agent)[0] == addresses[first_choice(agent_id, 3)], (agent_id, agent.log()[-2000:])
-    time.sleep(4.0)
+    # A and B hold back what they took (their 30 s linger): A dies holding unacknowledged batches and B's
+    # drain has lines to write only once every agent that started there has had batches taken in
+    for i in (KILLED, DRAINED):
+        expected = {a for a in AGENTS if first_choice(a, 3) == i}
+        wal_dir = tmp_path / f"wal-{i}"
+        wait_until(
+            lambda wal_dir=wal_dir, expected=expected: expected <= wal_agents(wal_dir),
+            30,
+            f"batches of {sorted(expected)} in collector {'ABC'[i]}'s WAL",
+            interval_s=0.2,
+            describe=lambda wal_dir=wal_dir: sorted(wal_agents(wal_dir)),
+        )
 
     collectors[KILLED].proc.kill()  # SIGKILL: its WAL is never read again
     collectors[KILLED].proc.wait(10)
-    time.sleep(1.0)
+    # A's agents fail over to the next address in their order (B) before B is drained, so that B's drain
+    # moves them a second time, on to C
+    on_killed = [agents[a] for a in AGENTS if first_choice(a, 3) == KILLED]
+    wait_until(
+        lambda: all(streaming_to(a)[-1] != addresses[KILLED] for a in on_killed),
+        30,
+        "the agents of the killed collector streaming to another",
+        interval_s=0.2,
+        describe=lambda: {a.name: streaming_to(a) for a in on_killed},
+    )
     drain_started = time.monotonic()
     collectors[DRAINED].proc.send_signal(signal.SIGTERM)
     assert collectors[DRAINED].proc.wait(40) == 0, collectors[DRAINED].log()
@@ -106,8 +141,21 @@ def test_a_killed_and_a_drained_collector_strand_nothing(
     def moved() -> bool:
         return all(streaming_to(a)[-1] == addresses[LEFT] for a in agents.values())
 
-    wait_until(moved, 30, "every agent streaming to the collector left", 0.5)
-    time.sleep(3.0)
+    wait_until(moved, 30, "every agent streaming to the collector left", interval_s=0.5)
+    # and C stores what they take from then on (its linger is 0.05 s), before the agents stop
+    moved_ns = time.time_ns()
+
+    def newer_hosts() -> set[str]:
+        rows = influx_rows(influxdb, f'SELECT count("power_w") FROM "gpu" WHERE time > {moved_ns} GROUP BY "host"')
+        return {row["host"] for row in rows if row["count"]}
+
+    wait_until(
+        lambda: set(AGENTS) <= newer_hosts(),
+        30,
+        "samples of every agent taken after the failover in InfluxDB",
+        interval_s=0.5,
+        describe=lambda: sorted(newer_hosts()),
+    )
 
     for agent in agents.values():
         agent.proc.send_signal(signal.SIGTERM)
@@ -128,10 +176,13 @@ def test_a_killed_and_a_drained_collector_strand_nothing(
         return dict(counts)
 
     try:
-        wait_until(lambda: all(stored().get(a, 0) >= taken[a] for a in AGENTS), 60, "every sample in InfluxDB", 0.5)
+        wait_until(
+            lambda: all(stored().get(a, 0) >= taken[a] for a in AGENTS), 60, "every sample in InfluxDB", interval_s=0.5
+        )
     except AssertionError:
         raise AssertionError(f"stored {stored()} of {taken}\n{collectors[LEFT].log()}") from None
-    time.sleep(1.0)  # anything more (a doubled point) would have arrived by now too
+    # anything more (a doubled point) would arrive within C's 0.05 s linger and 1 s backoff
+    stays(lambda: stored() == taken, 1.0, "exactly the samples taken in InfluxDB", describe=stored)
     counts = stored()
     assert counts == taken, {a: (counts.get(a), taken[a]) for a in AGENTS if counts.get(a) != taken[a]}
     for agent_id in AGENTS:

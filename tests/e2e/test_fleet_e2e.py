@@ -20,22 +20,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import support
+from support import free_port, gpuprobe_command, wait_until
 
 from gpuprobe.devservices import InfluxDBDatabase, MosquittoServer
-from gpuprobe.devservices.ports import free_port
 from gpuprobe.sim.profiles import PROFILES
 
 pytestmark = pytest.mark.slow
@@ -56,28 +53,43 @@ STOPPED = re.compile(
     r"stopped: (\d+) samples taken, (\d+) spooled, (\d+) acknowledged, (\d+) dropped by the spool cap;"
     r" everything was delivered"
 )
+# What an agent logs when something was refused (agent/uplink.py, agent/trainer_input.py,
+# control/agent_side.py, control/mqtt.py): the collector refusing samples or the agent itself, the agent
+# refusing a command or a trainer's line, the broker refusing the connection. Not the word alone: a normal
+# reconnect while the collector starts says "Connection refused" too.
+REFUSALS = re.compile(
+    r"collector \S+ refused (\d+ samples of batch|the agent)"
+    r"|refused (a message on|command) "
+    r"|trainer socket \S+: refused a line"
+    r"|point\(s\) refused here"
+    r"|MQTT broker \S+ refused the connection"
+)
 
 
-def gpuprobe_command() -> list[str]:
-    script = Path(sys.executable).parent / "gpuprobe"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuprobe"]
+def test_refusals_are_told_from_a_reconnect() -> None:
+    """The log lines ``stop_agents`` fails on: each kind of refusal, never a collector still starting."""
+    refusals = [
+        "collector 127.0.0.1:7447 refused 12 samples of batch 3 (REJECT_REASON_INVALID): power_w is NaN",
+        "collector 127.0.0.1:7447 refused the agent (FAILED_PRECONDITION: spool id changed): it will refuse it",
+        "collector 127.0.0.1:7447 refused the agent's credentials (UNAUTHENTICATED: bad token): check the token",
+        "refused command c-1: REFUSAL_REASON_BAD_SIGNATURE (the signature does not verify with any trusted key)",
+        "refused a message on gpuprobe/commands: not a SignedCommand (12 bytes)",
+        "trainer socket /run/gpuprobe/trainer.sock: refused a line from pid 12: not JSON",
+        "the MQTT broker mqtt://127.0.0.1:1883 refused the connection without a user name: not authorized"
+        " (the broker needs a user name and password)",
+    ]
+    assert all(REFUSALS.search(line) for line in refusals), [x for x in refusals if not REFUSALS.search(x)]
+    reconnect = (
+        "stream to collector 127.0.0.1:7447 ended (UNAVAILABLE: failed to connect to all addresses; last error:"
+        " UNKNOWN: ipv4:127.0.0.1:7447: Failed to connect to remote host: Connection refused); 0 batches"
+        " (0 samples) stay spooled; reconnecting in 0.6 s"
+    )
+    assert not REFUSALS.search(reconnect)
 
 
 def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROBE_", "NOTIFY_SOCKET", "WATCHDOG_"))}
-    env["GPUPROBE_THREADS"] = "1"  # the trainers: one torch thread each
-    return env
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(interval_s)
+    """The trainers get one torch thread each (two cores, six trainers)."""
+    return support.clean_env(GPUPROBE_THREADS="1")
 
 
 @dataclass
@@ -224,7 +236,7 @@ def start_fleet(
         }
         return set(NODES) <= hosts
 
-    wait_until(online, 60, "three agents online on the broker and streaming to the collector", 1.0)
+    wait_until(online, 60, "three agents online on the broker and streaming to the collector", interval_s=1.0)
     fleet = {p["host"]: p for p in json.loads(run("fleet", "--broker", broker, "--json").stdout)}
     for host, profiles in NODES.items():
         # the presence comes from the agent itself: its GPUs, its identity, its uplink
@@ -275,7 +287,8 @@ def stop_agents(agents: dict[str, Proc], broker: str) -> dict[str, int]:
         assert match, f"{host} did not deliver everything:\n{a.log()[-4000:]}"
         n_taken, spooled, acked, dropped = map(int, match.groups())
         assert n_taken == spooled == acked and dropped == 0, match.group(0)
-        assert "refused" not in a.log(), f"{host}: the collector or the agent refused something:\n{a.log()}"
+        refusal = REFUSALS.search(a.log())
+        assert refusal is None, f"{host}: something was refused ({refusal[0]!r}):\n{a.log()}"
         taken[host] = n_taken
     offline = {p["host"]: p["state"] for p in json.loads(run("fleet", "--broker", broker, "--json").stdout)}
     assert all(offline[h] == "offline" for h in agents), offline
@@ -307,7 +320,7 @@ def wait_stored(
         return counts if all(sum(counts[h].values()) >= taken[h] for h in NODES) else None
 
     try:
-        counts = wait_until(complete, 30, "every sample in InfluxDB", 0.5)
+        counts = wait_until(complete, 30, "every sample in InfluxDB", interval_s=0.5)
     except AssertionError:
         raise AssertionError(f"stored {stored()} of {taken}\n{collector.log()[-4000:]}") from None
     return counts

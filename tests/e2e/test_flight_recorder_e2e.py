@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_fleet_e2e import REPO, System, gpuprobe_command, influx_rows, run, start_collector, wait_until
+from support import gpuprobe_command, wait_until
+from test_fleet_e2e import REPO, System, influx_rows, run, start_collector
 
 from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.sim.profiles import PROFILES
@@ -131,7 +132,7 @@ def test_aggregates_outside_windows_and_the_flight_recorder_around_a_trigger_and
         per_gpu = {g: [r for r in rows if r["gpu"] == str(g)] for g in range(len(GPU_PROFILES))}
         return rows if all(len(v) >= RECORDER_S + 3 for v in per_gpu.values()) else None
 
-    rows = wait_until(aggregated_for_a_while, 60, f"{RECORDER_S + 3:g} s of aggregates per GPU", 1.0)
+    rows = wait_until(aggregated_for_a_while, 60, f"{RECORDER_S + 3:g} s of aggregates per GPU", interval_s=1.0)
     for g, profile in enumerate(GPU_PROFILES):
         mine = sorted((r for r in rows if r["gpu"] == str(g)), key=lambda r: r["time"])
         assert all(r["time"] % S == 0 for r in mine), "aggregates are aligned to whole seconds"
@@ -184,10 +185,17 @@ def test_aggregates_outside_windows_and_the_flight_recorder_around_a_trigger_and
         times = {g: raw_times(influxdb, g) for g in range(len(GPU_PROFILES))}
         return times if all(t and t[-1] >= trigger_ns + 3 * S for t in times.values()) else None
 
-    wait_until(raw_since_trigger, 30, "raw points after the trigger", 0.5)
+    wait_until(raw_since_trigger, 30, "raw points after the trigger", interval_s=0.5)
+    # the window is measured from the XID as the agent received it (its gpu_event point), not from when
+    # this test started `sim fail`: on a busy machine that command starts seconds late
+    (xid,) = influx_rows(influxdb, f'SELECT "xid" FROM "gpu_event" WHERE "host" = \'{HOST}\' AND "kind" = \'xid\'')
+    assert xid["time"] >= trigger_ns and xid["xid"] == 63, xid
+    trigger_ns = xid["time"]
     # the window lasts --hires-after from the XID; then aggregates again
     back_ns = trigger_ns + int((HIRES_AFTER_S + 3) * S)
-    wait_until(lambda: len(aggregates(influxdb, back_ns)) >= 2 * 3, 30, "aggregates again after the window", 0.5)
+    wait_until(
+        lambda: len(aggregates(influxdb, back_ns)) >= 2 * 3, 30, "aggregates again after the window", interval_s=0.5
+    )
     for g in range(len(GPU_PROFILES)):
         times = raw_times(influxdb, g)
         window = [t for t in times if t < back_ns]
@@ -224,16 +232,23 @@ def test_aggregates_outside_windows_and_the_flight_recorder_around_a_trigger_and
                 for g in range(len(GPU_PROFILES))
             )
 
-        wait_until(raw_in_probe, 30, "raw points during the probe", 0.5)
+        wait_until(raw_in_probe, 30, "raw points during the probe", interval_s=0.5)
         metrics = agent_metrics(port)
         assert metrics["high_resolution"] == 1 and metrics["samples_promoted_total"] >= 2 * 2 * 10 * RECORDER_S * 0.5
         assert metrics["recorder_samples"] == 0, "promoted: the recorder gave its batches to the sequence"
-        time.sleep(HIRES_AFTER_S + 1)  # longer than a trigger's window: the probe holds it open
+        # raw points for longer than a trigger's window: the probe holds it open
+        held_ns = probe_start_ns + int((HIRES_AFTER_S + 1) * S)
+        wait_until(
+            lambda: all(raw_times(influxdb, g, held_ns) for g in range(len(GPU_PROFILES))),
+            HIRES_AFTER_S + 30,
+            f"raw points more than {HIRES_AFTER_S + 1:g} s into the probe",
+            interval_s=0.5,
+        )
         end = {**event, "kind": "end", "phase": "done", "status": "succeeded"}
         trainer.sendall((json.dumps(end) + "\n").encode())
         probe_end_ns = time.time_ns()
     after_ns = probe_end_ns + 3 * S
-    wait_until(lambda: len(aggregates(influxdb, after_ns)) >= 2 * 2, 30, "aggregates after the probe", 0.5)
+    wait_until(lambda: len(aggregates(influxdb, after_ns)) >= 2 * 2, 30, "aggregates after the probe", interval_s=0.5)
     for g in range(len(GPU_PROFILES)):
         during = [t for t in raw_times(influxdb, g, probe_start_ns) if t < after_ns]
         assert_no_holes(during, f"GPU {g} during the probe", not_taken(influxdb), probe_start_ns)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -23,18 +24,11 @@ from typing import Any
 
 import psutil
 import pytest
-from test_fleet_e2e import (
-    Proc,
-    System,
-    gpuprobe_command,
-    influx_rows,
-    operator_keys,
-    run,
-    start_collector,
-    wait_until,
-)
+from support import gpuprobe_command, stays, wait_until
+from test_fleet_e2e import Proc, System, influx_rows, operator_keys, run, start_collector
 
 from gpuprobe.devservices import InfluxDBDatabase, MosquittoServer
+from gpuprobe.v1 import telemetry_pb2
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +83,20 @@ def kill_agent(wrapper: Proc) -> None:
     wrapper.proc.wait(30)
 
 
+def spooled_xids(spool_dir: Path) -> set[tuple[int, int]]:
+    """The (GPU, XID) events in the agent's spool: batches written, not yet acknowledged."""
+    db = sqlite3.connect(f"file:{spool_dir / 'spool.sqlite3'}?mode=ro", uri=True, timeout=5)
+    try:
+        payloads = [payload for (payload,) in db.execute("SELECT payload FROM batches")]
+    finally:
+        db.close()
+    found = set()
+    for payload in payloads:
+        batch = telemetry_pb2.SampleBatch.FromString(payload)
+        found |= {(e.gpu_index, e.data) for e in batch.gpu_events if e.kind == telemetry_pb2.GPU_EVENT_KIND_XID}
+    return found
+
+
 def events(influxdb: InfluxDBDatabase) -> list[dict[str, Any]]:
     return influx_rows(
         influxdb, f'SELECT "kind", "gpu", "xid", "data", "text" FROM "gpu_event" WHERE "host" = \'{HOST}\''
@@ -111,7 +119,7 @@ def test_faults_are_events_stored_once_and_failed_gpus_are_refused(
             return presence
         return None
 
-    presence = wait_until(online, 60, "the agent online and streaming", 1.0)
+    presence = wait_until(online, 60, "the agent online and streaming", interval_s=1.0)
     assert gpu_health(presence) == {i: ("healthy", "") for i in range(len(PROFILES))}, presence
 
     # GPM on Hopper only: the fields are stored for the H100 and H200 and absent (not zero) on the others
@@ -122,7 +130,7 @@ def test_faults_are_events_stored_once_and_failed_gpus_are_refused(
         counts = {r["gpu"]: int(r["count"]) for r in rows}
         return counts if set(counts) >= GPM_GPUS else None
 
-    assert set(wait_until(gpm_stored, 30, "GPM fields of the Hopper GPUs in InfluxDB", 1.0)) == GPM_GPUS
+    assert set(wait_until(gpm_stored, 30, "GPM fields of the Hopper GPUs in InfluxDB", interval_s=1.0)) == GPM_GPUS
     for name in GPM_FIELDS:
         rows = influx_rows(influxdb, f'SELECT count("{name}") FROM "gpu" WHERE "host" = \'{HOST}\' GROUP BY "gpu"')
         assert {r["gpu"] for r in rows} == GPM_GPUS, (name, rows)
@@ -150,7 +158,7 @@ def test_faults_are_events_stored_once_and_failed_gpus_are_refused(
         )
         return [r for r in rows if int(r["pid"]) in pids] or None
 
-    process_rows = wait_until(processes_stored, 90, "the trainer's gpu_process points", 1.0)
+    process_rows = wait_until(processes_stored, 90, "the trainer's gpu_process points", interval_s=1.0)
     trainer = psutil.Process(int(process_rows[0]["pid"]))
     assert {r["command"] for r in process_rows} == {trainer.name()}, process_rows
     done = run("probe", "results", probe_id, "--broker", broker, "--json", "--wait", "90", timeout_s=150)
@@ -164,7 +172,7 @@ def test_faults_are_events_stored_once_and_failed_gpus_are_refused(
         )
         return rows if rows and rows[-1]["ended"] else None
 
-    later = wait_until(ended, 15, "the trainer's last gpu_process point (ended)", 0.5)
+    later = wait_until(ended, 15, "the trainer's last gpu_process point (ended)", interval_s=0.5)
     assert later[-1]["ended"] is True and sum(bool(r["ended"]) for r in later) == 1, later[-3:]
     assert later[-1]["energy_j"] > 0, later[-3:]
     # the simulated tensor pipes followed the workload: matmul-burn keeps them busy whenever the SMs are (the
@@ -186,7 +194,7 @@ def test_faults_are_events_stored_once_and_failed_gpus_are_refused(
         presence = fleet_host(broker)
         return presence if presence and gpu_health(presence).get(LOST_GPU, ("", ""))[0] == "failed" else None
 
-    presence = wait_until(failed, 10, f"GPU {LOST_GPU} failed in gpuprobe fleet", 0.1)
+    presence = wait_until(failed, 10, f"GPU {LOST_GPU} failed in gpuprobe fleet", interval_s=0.1)
     assert time.monotonic() - injected <= 2.0 + 0.5, (
         "a failed GPU must show in the fleet within 2 s"
     )  # 0.5 s: CLI start
@@ -206,7 +214,10 @@ def test_faults_are_events_stored_once_and_failed_gpus_are_refused(
     # a double-bit ECC error on the A100 (XID 48 and the ECC event)
     sim_fail(tmp_path, "--gpu", str(ECC_GPU), "--ecc-dbe")
     wait_until(
-        lambda: gpu_health(fleet_host(broker) or {}).get(ECC_GPU, ("", ""))[0] == "failed", 10, "the A100 failed", 0.2
+        lambda: gpu_health(fleet_host(broker) or {}).get(ECC_GPU, ("", ""))[0] == "failed",
+        10,
+        "the A100 failed",
+        interval_s=0.2,
     )
 
     # the collector dies; a pending row remap (XID 63) happens while it is away, so its event is spooled but
@@ -214,11 +225,22 @@ def test_faults_are_events_stored_once_and_failed_gpus_are_refused(
     collector.proc.send_signal(signal.SIGKILL)
     collector.proc.wait(10)
     sim_fail(tmp_path, "--gpu", str(ECC_GPU), "--remap-pending")
-    time.sleep(0.6)  # the event thread has it and the agent spooled it at once (it flushes on an event)
+    # the event thread has it and the agent spools it at once (it flushes on an event, not after 5 s)
+    wait_until(
+        lambda: (ECC_GPU, 63) in spooled_xids(tmp_path / "spool"),
+        10,
+        "the XID 63 event in the agent's spool",
+        describe=lambda: spooled_xids(tmp_path / "spool"),
+    )
     kill_agent(agent)
     system.start("collector-2", [str(a) for a in collector.proc.args])  # the same command line, the same WAL
     agent = start_agent(system, tmp_path, port, broker, cluster, public, "agent-2")
-    wait_until(online, 60, "the restarted agent online and streaming", 1.0)
+    wait_until(online, 60, "the restarted agent online and streaming", interval_s=1.0)
+
+    expected = sorted([(str(LOST_GPU), 79), (str(ECC_GPU), 48), (str(ECC_GPU), 63)])
+
+    def xids() -> list[tuple[str, int, str]]:
+        return sorted((r["gpu"], int(r["xid"]), r["text"]) for r in events(influxdb) if r["kind"] == "xid")
 
     # clear everything (a GPU reset): no event is repeated afterwards
     sim_fail(tmp_path, "--gpu", f"{LOST_GPU},{ECC_GPU}", "--recover")
@@ -226,20 +248,25 @@ def test_faults_are_events_stored_once_and_failed_gpus_are_refused(
         lambda: all(h == "healthy" for h, _ in gpu_health(fleet_host(broker) or {}).values()),
         15,
         "every GPU healthy again after the reset",
-        0.5,
+        interval_s=0.5,
     )
-    time.sleep(3.0)
+
+    def once_each() -> bool:
+        seen = [(gpu, xid) for gpu, xid, _ in xids()]
+        return len(seen) == len(set(seen)) and set(seen) <= set(expected)
+
+    # the agent keeps running a while after the reset: no fault comes back as a new event meanwhile
+    stays(once_each, 3.0, "each XID stored at most once after the reset", describe=xids)
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.proc.wait(60) == 0, agent.log()[-4000:]
     assert "everything was delivered" in agent.log(), agent.log()[-4000:]
 
-    expected = sorted([(str(LOST_GPU), 79), (str(ECC_GPU), 48), (str(ECC_GPU), 63)])
-
-    def xids() -> list[tuple[str, int, str]]:
-        return sorted((r["gpu"], int(r["xid"]), r["text"]) for r in events(influxdb) if r["kind"] == "xid")
-
-    wait_until(lambda: [(gpu, xid) for gpu, xid, _ in xids()] == expected, 15, f"XIDs {expected} in InfluxDB", 0.5)
-    time.sleep(2.0)  # nothing more arrives: each event is stored once, none repeated after the reset
+    wait_until(
+        lambda: [(gpu, xid) for gpu, xid, _ in xids()] == expected, 15, f"XIDs {expected} in InfluxDB", interval_s=0.5
+    )
+    # nothing more arrives: each event is stored once, none repeated after the reset (everything was
+    # acknowledged, so it is in the collector's WAL, which it writes with a 0.2 s linger)
+    stays(lambda: [(gpu, xid) for gpu, xid, _ in xids()] == expected, 1.0, f"exactly XIDs {expected}", describe=xids)
     stored = events(influxdb)
     assert [(gpu, xid) for gpu, xid, _ in xids()] == expected, stored
     texts = {xid: text for _, xid, text in xids()}

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_fleet_e2e import System, gpuprobe_command, influx_rows, run, wait_until
+from support import gpuprobe_command, wait_until
+from test_fleet_e2e import System, influx_rows, run
 
 from gpuprobe.devservices import InfluxDBDatabase, MosquittoServer
 from gpuprobe.devservices.ports import free_port
@@ -96,7 +97,7 @@ def start_system(tmp_path: Path, system: System, influxdb: InfluxDBDatabase, bro
         hosts = {p["host"] for p in json.loads(done.stdout or "[]") if p.get("state") == "online"}
         return set(NODES) <= hosts
 
-    wait_until(online, 90, "four agents online", 1.0)
+    wait_until(online, 90, "four agents online", interval_s=1.0)
     return tmp_path / "keys/operator.key"
 
 
@@ -142,7 +143,7 @@ def test_a_study_recovers_the_simulators_ground_truth(
         )
         return len(rows) == len(NODES)
 
-    wait_until(stored, 60, "the last point's trainer reports in InfluxDB", 1.0)
+    wait_until(stored, 60, "the last point's trainer reports in InfluxDB", interval_s=1.0)
 
     prices = tmp_path / "prices.toml"
     prices.write_text("".join(f'"{k}" = {v}\n' for k, v in PRICES.items()))

@@ -21,16 +21,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_fleet_e2e import (
-    System,
-    gpuprobe_command,
-    influx_rows,
-    operator_keys,
-    run,
-    start_collector,
-    stop_agents,
-    wait_until,
-)
+from support import gpuprobe_command, wait_until
+from test_fleet_e2e import System, influx_rows, operator_keys, run, start_collector, stop_agents
 
 from gpuprobe.devservices import InfluxDBDatabase, MosquittoServer
 from gpuprobe.sim import thermal
@@ -89,7 +81,7 @@ def test_every_profile_recovers_its_thermal_ground_truth_through_the_pipeline(
         fleet = json.loads(run("fleet", "--broker", mqtt_broker.url, "--json").stdout or "[]")
         return any(p["host"] == HOST and p.get("state") == "online" and p["uplink_connected"] for p in fleet)
 
-    wait_until(online, 60, "the agent online and streaming", 1.0)
+    wait_until(online, 60, "the agent online and streaming", interval_s=1.0)
 
     probe_id = f"p-therm-{uuid.uuid4().hex[:6]}"
     started = run(
@@ -114,7 +106,7 @@ def test_every_profile_recovers_its_thermal_ground_truth_through_the_pipeline(
         rows = influx_rows(influxdb, f'SELECT count("phase") FROM "probe" WHERE "probe" = \'{probe_id}\'')
         return bool(rows) and int(rows[0]["count"]) >= 5
 
-    wait_until(stored, 30, "the probe's events in InfluxDB", 0.5)
+    wait_until(stored, 30, "the probe's events in InfluxDB", interval_s=0.5)
 
     out = tmp_path / "report"
     fitted = run(

@@ -61,3 +61,10 @@ def test_stays_fails_as_soon_as_the_claim_breaks() -> None:
     with pytest.raises(AssertionError, match="no new sample stopped holding before 30 s"):
         support.stays(lambda: next(seen), 30, "no new sample")
     assert time.monotonic() - started < 5
+
+
+def test_pass_time_lets_a_phase_of_a_given_length_pass_in_steps_the_guard_allows() -> None:
+    started = time.monotonic()
+    support.pass_time(0.5)  # more than one step: each sleep stays within MAX_TEST_SLEEP_S
+    asyncio.run(support.pass_time_async(0.3))
+    assert 0.8 <= time.monotonic() - started < 2.0

@@ -49,8 +49,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import support
 
 from gpuprobe.devservices import InfluxDBServer
+from gpuprobe.influx.lineprotocol import encode_line
 from gpuprobe.sim.profiles import PROFILES, GpuProfile, with_overrides
 from gpuprobe.sim.runner import SimMachine, temporary_machine
 
@@ -180,24 +182,25 @@ def _profiles(host: str) -> list[GpuProfile]:
 
 
 def _wait_for(paths: list[Path], timeout_s: float, procs: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not all(p.exists() for p in paths):
+    def started() -> bool:
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"a GPU reader exited early with status {proc.returncode}")
-        if time.monotonic() > deadline:
-            raise RuntimeError("the GPU readers did not start")
-        time.sleep(0.05)
+        return all(p.exists() for p in paths)
+
+    support.wait_until(started, timeout_s, "the GPU readers to start", describe=lambda: [p.exists() for p in paths])
+
+
+# Every point below goes through the encoder the collector and the agent's tools write with
+# (gpuprobe.influx.lineprotocol), so names and values are escaped and typed as in production.
 
 
 def _probe_line(host: str, t_ns: int, kind: str, phase: str, status: str) -> str:
-    return (
-        f'probe,cluster=test,host={host},probe={PROBE_ID} kind="{kind}",phase="{phase}",'
-        f'status="{status}",workload="{WORKLOAD}" {t_ns}'
-    )
+    tags = {"cluster": "test", "host": host, "probe": PROBE_ID}
+    return encode_line("probe", tags, {"kind": kind, "phase": phase, "status": status, "workload": WORKLOAD}, t_ns)
 
 
-_SERIES = re.compile(r"(?:[^ \\]|\\.)* ")  # a line's measurement and tags, up to the first unescaped space
+_TAG = re.compile(r",(model|uuid)=((?:[^, \\]|\\.)*)")  # a gpu line's model and uuid tags, still escaped
 
 
 def _gpu_info_lines(run: ProbeRun, gpu_lines: dict[str, list[str]], start_ns: dict[str, int]) -> list[str]:
@@ -207,36 +210,46 @@ def _gpu_info_lines(run: ProbeRun, gpu_lines: dict[str, list[str]], start_ns: di
     for t in run.truths:
         head = f"gpu,cluster=test,gpu={t.gpu},host={t.host},"
         first = next(line for line in gpu_lines[t.host] if line.startswith(head))
-        match = _SERIES.match(first)
-        assert match is not None
+        named = {key: re.sub(r"\\(.)", r"\1", value) for key, value in _TAG.findall(first)}
         p = t.profile
-        lines.append(
-            "gpu_info," + match.group(0)[len("gpu,") :] + f"temp_slowdown_c={p.slowdown_c!r},"
-            f"temp_shutdown_c={p.shutdown_c!r},temp_gpu_max_c={p.gpu_max_c!r},temp_mem_max_c={p.mem_max_c!r},"
-            f"power_limit_default_w={p.limit_default_w!r},memory_total_bytes={p.memory_total_bytes}i"
-            f" {start_ns[t.host]}"
-        )
+        tags = {"cluster": "test", "gpu": str(t.gpu), "host": t.host, "model": named["model"], "uuid": named["uuid"]}
+        fields = {  # thresholds are floats in the schema (docs/schema.md), whole degrees in the profiles
+            "temp_slowdown_c": float(p.slowdown_c),
+            "temp_shutdown_c": float(p.shutdown_c),
+            "temp_gpu_max_c": float(p.gpu_max_c),
+            "temp_mem_max_c": float(p.mem_max_c),
+            "power_limit_default_w": float(p.limit_default_w),
+            "memory_total_bytes": int(p.memory_total_bytes),
+        }
+        lines.append(encode_line("gpu_info", tags, fields, start_ns[t.host]))
     return lines
 
 
 def _trainer_lines(run: ProbeRun) -> list[str]:
     lines = []
     for t in run.truths:
-        prefix = f"trainer,cluster=test,gpu={t.gpu},host={t.host},probe={PROBE_ID},workload={WORKLOAD} "
-        lines.append(prefix + f'step=0i,batch_size=64i,phase="idle" {run.start_ns + 1_000_000}')
+        tags = {"cluster": "test", "gpu": str(t.gpu), "host": t.host, "probe": PROBE_ID, "workload": WORKLOAD}
+        lines.append(
+            encode_line("trainer", tags, {"step": 0, "batch_size": 64, "phase": "idle"}, run.start_ns + 1_000_000)
+        )
         step = 0
         t_ns = run.warmup_ns[t.host] + 500_000_000
         while t_ns < run.cooldown_ns[t.host]:
             steady = t_ns >= run.steady_ns[t.host]
             rate = t.samples_per_s if steady else 0.5 * t.samples_per_s
             step += max(1, round(rate * 0.5 / 64))
-            phase = "steady" if steady else "warmup"
-            lines.append(
-                prefix + f"step={step}i,samples_per_s={rate!r},step_time_s={64 / rate!r},loss=2.5,"
-                f'batch_size=64i,phase="{phase}" {t_ns}'
-            )
+            fields = {
+                "step": step,
+                "samples_per_s": float(rate),
+                "step_time_s": 64 / rate,
+                "loss": 2.5,
+                "batch_size": 64,
+                "phase": "steady" if steady else "warmup",
+            }
+            lines.append(encode_line("trainer", tags, fields, t_ns))
             t_ns += 500_000_000
-        lines.append(prefix + f'step={step}i,batch_size=64i,phase="cooldown" {run.cooldown_ns[t.host] + 1_000_000}')
+        done = {"step": step, "batch_size": 64, "phase": "cooldown"}
+        lines.append(encode_line("trainer", tags, done, run.cooldown_ns[t.host] + 1_000_000))
     return lines
 
 
@@ -307,7 +320,8 @@ pcm.!default {{
         window = x[k * MIC_FS_HZ : (k + 1) * MIC_FS_HZ]
         laeq = 10 * math.log10(float(np.mean(window * window))) + MIC_CALIBRATION_DB
         laf = 10 * math.log10(float(fast[(k + 1) * MIC_FS_HZ - 1])) + MIC_CALIBRATION_DB
-        lines.append(f"acoustic,cluster=test,host={MIC_HOST},source=mic laeq_db={laeq!r},laf_db={laf!r} {end}")
+        tags = {"cluster": "test", "host": MIC_HOST, "source": "mic"}
+        lines.append(encode_line("acoustic", tags, {"laeq_db": laeq, "laf_db": laf}, end))
     return lines
 
 
@@ -332,7 +346,7 @@ def run_probe(server: InfluxDBServer, tmp: Path) -> ProbeRun:
             start_ns = time.time_ns()
             for h in hosts:
                 probe_lines.append(_probe_line(h, start_ns, "start", "idle", "running"))
-            time.sleep(IDLE_S)
+            support.pass_time(IDLE_S)  # the phase's length is the workload
             load_ticks: dict[tuple[str, int], int] = {}
             warmup_ns: dict[str, int] = {}
             for h in hosts:
@@ -341,12 +355,12 @@ def run_probe(server: InfluxDBServer, tmp: Path) -> ProbeRun:
                 for i, (_, _, util, _) in enumerate(SCENARIO[h]):
                     load_ticks[h, i] = config.next_tick_ns(machines[h].set_load(i, util, pid=os.getpid()))
                 probe_lines.append(_probe_line(h, warmup_ns[h], "phase_change", "warmup", "running"))
-            time.sleep(WARMUP_S)
+            support.pass_time(WARMUP_S)  # the phase's length is the workload
             steady_ns = {}
             for h in hosts:
                 steady_ns[h] = time.time_ns()
                 probe_lines.append(_probe_line(h, steady_ns[h], "phase_change", "steady", "running"))
-            time.sleep(STEADY_S)
+            support.pass_time(STEADY_S)  # the phase's length is the workload
             unload_ticks: dict[tuple[str, int], int] = {}
             cooldown_ns: dict[str, int] = {}
             for h in hosts:
@@ -355,11 +369,11 @@ def run_probe(server: InfluxDBServer, tmp: Path) -> ProbeRun:
                 for i in range(len(SCENARIO[h])):
                     unload_ticks[h, i] = config.next_tick_ns(machines[h].set_load(i, 0))
                 probe_lines.append(_probe_line(h, cooldown_ns[h], "phase_change", "cooldown", "running"))
-            time.sleep(COOLDOWN_S)
+            support.pass_time(COOLDOWN_S)  # the phase's length is the workload
             end_ns = time.time_ns()
             for h in hosts:
                 probe_lines.append(_probe_line(h, end_ns, "end", "done", "succeeded"))
-            time.sleep(0.3)  # a few readings after the end, as a real agent keeps sampling
+            support.pass_time(0.3)  # a few readings after the end, as a real agent keeps sampling
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
@@ -396,12 +410,12 @@ def run_probe(server: InfluxDBServer, tmp: Path) -> ProbeRun:
                     node_proxy.append((int(t_ns), float(value.split("=")[1])))
         for k in range(0, len(lines), 5000):
             server.write_lines(db, lines[k : k + 5000])
-    server.write_lines(db, probe_lines)
-    server.write_lines(db, _trainer_lines(run))
-    server.write_lines(db, _gpu_info_lines(run, gpu_lines, {h: configs[h].start_ns for h in hosts}))
+    server.write_lines(db, "".join(probe_lines))
+    server.write_lines(db, "".join(_trainer_lines(run)))
+    server.write_lines(db, "".join(_gpu_info_lines(run, gpu_lines, {h: configs[h].start_ns for h in hosts})))
     mic = _mic_lines(tmp, run, node_proxy)
     run.mic_windows = len(mic)
-    server.write_lines(db, mic)
+    server.write_lines(db, "".join(mic))
     return run
 
 

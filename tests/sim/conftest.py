@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import clean_env, gpuprobe_command
 
 from gpuprobe.sim import state
 from gpuprobe.sim.profiles import PROFILES, GpuProfile, with_overrides
@@ -103,15 +103,6 @@ def wait_ticks(h, n):
             seen += 1
             last = t
 '''
-
-
-def gpuprobe_command() -> list[str]:
-    """The installed `gpuprobe` console script of this interpreter's environment."""
-    script = Path(sys.executable).parent / "gpuprobe"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("gpuprobe")
-    return [found] if found else [sys.executable, "-m", "gpuprobe"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -213,11 +204,6 @@ def sim(tmp_path: Path) -> Iterator[Sim]:
         yield helper
     finally:
         helper.close()
-
-
-def clean_env() -> dict[str, str]:
-    """This process's environment without GPUPROBE_* settings that could leak into a command."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
 
 
 @pytest.fixture

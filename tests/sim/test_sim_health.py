@@ -4,8 +4,6 @@ counters, remapped rows and retired pages, NVLink, violation time, GPM, MIG, and
 
 from __future__ import annotations
 
-import shutil
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -13,21 +11,13 @@ from subprocess import CompletedProcess
 from typing import Any
 
 import pytest
+from support import gpuprobe_command
 
 from gpuprobe.sim.profiles import PROFILES, WORKLOAD_ACTIVITY, WORKLOAD_IDS
 
 Sim = Any  # tests/sim/conftest.py's Sim helper (the `sim` fixture)
 
 PERIOD_S = 0.05
-
-
-def _gpuprobe_command() -> list[str]:
-    """The `gpuprobe` console script of this interpreter's environment (as conftest.gpuprobe_command)."""
-    script = Path(sys.executable).parent / "gpuprobe"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("gpuprobe")
-    return [found] if found else [sys.executable, "-m", "gpuprobe"]
 
 
 def child(*parts: str) -> str:
@@ -38,7 +28,7 @@ def child(*parts: str) -> str:
 # Child helpers: the real CLI against the child's own machine (GPUPROBE_SIM_DIR is set in the child).
 CLI_HELPERS = f"""
 import ctypes
-GPUPROBE = {_gpuprobe_command()!r}
+GPUPROBE = {gpuprobe_command()!r}
 
 def sim_cli(*args):
     proc = subprocess.run(GPUPROBE + ["sim", *args], capture_output=True, text=True, timeout=30)

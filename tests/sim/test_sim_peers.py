@@ -8,6 +8,7 @@ import textwrap
 import time
 
 import pytest
+import support
 
 from gpuprobe.sim import state, thermal
 from gpuprobe.sim.profiles import PROFILES, with_overrides
@@ -26,7 +27,7 @@ def settled(tmp_path_factory):
     machine = open_machine(state_dir)
     for gpu in range(8):
         machine.set_load(gpu, UTIL)  # what `gpuprobe sim load --util 60` does
-    time.sleep(1.5)  # > 1 s of averaging window and 15 time constants
+    support.pass_time(1.5)  # the physics: > 1 s of averaging window and 15 time constants
     return machine
 
 
