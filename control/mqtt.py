@@ -64,7 +64,9 @@ class BrokerSettings:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     @classmethod
-    def from_values(cls, values: dict[str, Any]) -> BrokerSettings:
+    def from_values(cls, values: dict[str, Any], *, missing_files_ok: bool = False) -> BrokerSettings:
+        """The checked broker settings; ``missing_files_ok`` (the installer's check) accepts a password,
+        CA, certificate or key file that does not exist yet (one that exists is read and checked)."""
         url = values["broker"]
         parts = urlsplit(url if "://" in url else f"mqtt://{url}")
         if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
@@ -78,7 +80,9 @@ class BrokerSettings:
         tls = parts.scheme in ("mqtts", "ssl") or values.get("mqtt_ca") is not None
         password: str | None = values.get("mqtt_password") or None
         password_file: Path | None = values.get("mqtt_password_file")
-        if password_file is not None:
+        if password_file is not None and missing_files_ok and not password_file.exists():
+            password = ""  # put in place later: the user-name rule below still applies
+        elif password_file is not None:
             try:
                 text = password_file.read_text()
             except OSError as e:
@@ -92,7 +96,7 @@ class BrokerSettings:
             raise ConfigError("--mqtt-cert and --mqtt-key go together")
         for name in ("mqtt_ca", "mqtt_cert", "mqtt_key"):
             path = values.get(name)
-            if path is not None and not Path(path).is_file():
+            if path is not None and not Path(path).is_file() and not (missing_files_ok and not Path(path).exists()):
                 raise ConfigError(f"--{name.replace('_', '-')} {path}: no such file")
         return cls(
             host=parts.hostname,
