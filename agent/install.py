@@ -32,6 +32,7 @@ from gpuprobe.systemd import (
     default_executable,
     hidden_executable_warning,
     render_unit,
+    secret_files_note,
     staged_path,
     toml_value,
     write_install_files,
@@ -160,6 +161,47 @@ def render_agent_unit(values: dict[str, Any], executable: Path) -> str:
     return render_unit(spec)
 
 
+# The files the agent reads: option, and whether it is a secret (only root and the agent's group may read it).
+_FILES = (
+    ("tls_ca", False),
+    ("tls_cert", False),
+    ("tls_key", True),
+    ("token_file", True),
+    ("mqtt_ca", False),
+    ("mqtt_cert", False),
+    ("mqtt_key", True),
+    ("mqtt_password_file", True),
+)
+
+
+def check_config(config_text: str) -> str | None:
+    """What the agent would say when it read ``config_text`` (its own option parsers and settings checks,
+    as ``gpuprobe agent --check`` does), or None when it accepts it. Files not there yet are accepted (the
+    operator puts them in place later); files that exist are read and checked."""
+    import argparse
+    import tomllib
+
+    from gpuprobe.agent.cli import AGENT_OPTIONS
+    from gpuprobe.agent.settings import AgentSettings
+    from gpuprobe.config import ConfigError, resolve
+
+    try:
+        data = tomllib.loads(config_text)
+        # no flags and no environment: the unit runs the agent with this file alone
+        values = resolve("agent", AGENT_OPTIONS, argparse.Namespace(), data, Path(CONFIG_PATH), environ={})
+        AgentSettings.from_values(values, missing_files_ok=True)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def secret_files(values: dict[str, Any]) -> list[tuple[str, Path, bool]]:
+    found = [(key, Path(values[key]).absolute(), secret) for key, secret in _FILES if values[key] is not None]
+    if values["broker"]:
+        found += [("trusted_keys", Path(k).absolute(), False) for k in values["trusted_keys"]]
+    return found
+
+
 def render_sysusers(user: str) -> str:
     return f'u {user} - "gpuprobe telemetry agent" /var/lib/gpuprobe\n'
 
@@ -183,10 +225,16 @@ def run(values: dict[str, Any]) -> int:
     executable = Path(values["executable"]) if values["executable"] else default_executable()
     if not executable.is_absolute():
         return fail(f"--executable must be an absolute path, not {executable}")
+    config_text = render_config(values)
+    refused = check_config(config_text)
+    if refused is not None:
+        # what the agent would refuse at every start (and systemd restart without end): refused here
+        return fail(f"the agent would refuse this configuration: {refused}")
+    unit_text = render_agent_unit(values, executable)
     root: Path | None = values["root"]
     files = {
-        staged_path(root, UNIT_PATH): (render_agent_unit(values, executable), 0o644),
-        staged_path(root, CONFIG_PATH): (render_config(values), 0o644),
+        staged_path(root, UNIT_PATH): (unit_text, 0o644),
+        staged_path(root, CONFIG_PATH): (config_text, 0o644),
         staged_path(root, SYSUSERS_PATH): (render_sysusers(values["user"]), 0o644),
     }
     if values["allow_power_limits"]:
@@ -206,13 +254,12 @@ def run(values: dict[str, Any]) -> int:
     print("  systemctl enable --now gpuprobe-agent")
     print("  systemctl status gpuprobe-agent       # STATUS shows GPUs, collector, spool")
     print("  journalctl -u gpuprobe-agent -f")
-    warning = hidden_executable_warning(executable)
+    warning = hidden_executable_warning(executable, unit_text)
     if warning:
         print(f"\n{warning}")
-    for key in ("tls_ca", "tls_cert", "tls_key", "token_file", *_BROKER_PATHS):
-        if values[key] is not None:
-            print(f"\nnote: {values[key]} must be readable by {values['user']} (e.g. 0640 root:{values['user']})")
-            break
+    files_read = secret_files(values)
+    if files_read:
+        print("\n" + secret_files_note(files_read, values["user"]))
     if values["allow_power_limits"]:
         print(
             f"\nnote: {POWER_LIMITS_DROPIN_PATH} gives the agent CAP_SYS_ADMIN so that probes may set GPU"

@@ -56,6 +56,12 @@ def parse_address(text: str, allow_port_zero: bool = False) -> str:
 def parse_collector(text: str) -> str:
     """``HOST[:PORT]`` or ``[IPv6][:PORT]``; without a port, the collector's default (7447)."""
     text = text.strip()
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme and scheme.replace("+", "").isalpha():
+        # checked first: a URL has colons too, and the IPv6 hint below would name the wrong cause
+        host = rest.split("/", 1)[0]
+        tls = " (TLS is --tls or --tls-ca, not a scheme)" if scheme.lower() in ("https", "grpcs") else ""
+        raise ValueError(f"{text!r} is a URL: give HOST[:PORT] without the {scheme}:// scheme, e.g. {host!r}{tls}")
     if (text.startswith("[") and text.endswith("]")) or (text and ":" not in text):
         return f"{text}:{DEFAULT_COLLECTOR_PORT}"
     if not text.startswith("[") and text.count(":") > 1:
@@ -99,14 +105,19 @@ class AgentSettings:
     control: ControlSettings | None = None  # --broker: the embedded control plane (gpuprobe.agent.fleet)
 
     @classmethod
-    def from_values(cls, v: dict[str, Any]) -> AgentSettings:
+    def from_values(cls, v: dict[str, Any], *, missing_files_ok: bool = False) -> AgentSettings:
+        """The checked settings; ``missing_files_ok`` (``gpuprobe install agent``, before the operator has put
+        the certificates and secrets in place) accepts file options that name no file yet, while files that
+        exist are read and checked as at start."""
         _check_ranges(v)
         ident = _identity(v)
         spool_dir = Path(v["spool"])
         trainer_socket = Path(v["trainer_socket"]) if v["trainer_socket"] else None
         control: ControlSettings | None = None
         if v["broker"]:
-            control, trainer_socket = _control_settings(v, ident, spool_dir, trainer_socket, float(v["interval"]))
+            control, trainer_socket = _control_settings(
+                v, ident, spool_dir, trainer_socket, float(v["interval"]), missing_files_ok
+            )
         return cls(
             identity=ident,
             virt_override=None if v["virt"] == "auto" else identity.VIRT_NAMES[v["virt"]],
@@ -117,7 +128,7 @@ class AgentSettings:
             spool_max_bytes=int(v["spool_max_bytes"]),
             spool_max_age_s=float(v["spool_max_age"]),
             spool_memory_max_bytes=int(v["spool_memory_max_bytes"]),
-            uplink=_uplink_settings(v, ident.agent_id),
+            uplink=_uplink_settings(v, ident.agent_id, missing_files_ok),
             grace_s=float(v["grace"]),
             metrics_listen=_metrics_listen(v),
             trainer_socket=trainer_socket,
@@ -259,7 +270,7 @@ def _identity(v: dict[str, Any]) -> common_pb2.AgentIdentity:
     return ident
 
 
-def _uplink_settings(v: dict[str, Any], agent_id: str = "") -> UplinkSettings:
+def _uplink_settings(v: dict[str, Any], agent_id: str = "", missing_files_ok: bool = False) -> UplinkSettings:
     """The collectors, the credentials (token, TLS) and the stream's pacing."""
     try:
         targets = split_addresses(v["collector"])
@@ -269,8 +280,8 @@ def _uplink_settings(v: dict[str, Any], agent_id: str = "") -> UplinkSettings:
     return UplinkSettings(
         targets=targets,
         agent_id=agent_id,
-        tls=_tls_settings(v),
-        token=_token(v),
+        tls=_tls_settings(v, missing_files_ok),
+        token=_token(v, missing_files_ok),
         keepalive_s=float(v["keepalive"]),
         max_in_flight_batches=int(v["max_in_flight"]),
         reconnect_min_s=float(v["reconnect_min"]),
@@ -279,10 +290,12 @@ def _uplink_settings(v: dict[str, Any], agent_id: str = "") -> UplinkSettings:
     )
 
 
-def _token(v: dict[str, Any]) -> str | None:
+def _token(v: dict[str, Any], missing_files_ok: bool = False) -> str | None:
     token: str | None = v["token"] or None
     if v["token_file"] is not None:
         _need(token is None, "give either --token or --token-file, not both")
+        if missing_files_ok and not Path(v["token_file"]).exists():
+            return token
         try:
             token = Path(v["token_file"]).read_text().strip()
         except OSError as e:
@@ -296,13 +309,14 @@ def _token(v: dict[str, Any]) -> str | None:
     return token
 
 
-def _tls_settings(v: dict[str, Any]) -> TlsSettings | None:
+def _tls_settings(v: dict[str, Any], missing_files_ok: bool = False) -> TlsSettings | None:
     if not (v["tls"] or v["tls_ca"] or v["tls_cert"] or v["tls_key"]):
         return None
     _need((v["tls_cert"] is None) == (v["tls_key"] is None), "mutual TLS needs both --tls-cert and --tls-key")
     for option in ("tls_ca", "tls_cert", "tls_key"):
         path = v[option]
-        _need(path is None or Path(path).is_file(), f"--{option.replace('_', '-')} {path}: no such file")
+        exists = path is None or Path(path).is_file() or (missing_files_ok and not Path(path).exists())
+        _need(exists, f"--{option.replace('_', '-')} {path}: no such file")
     return TlsSettings(
         ca_path=v["tls_ca"],
         cert_path=v["tls_cert"],
@@ -328,6 +342,7 @@ def _control_settings(
     spool_dir: Path,
     trainer_socket: Path | None,
     interval_s: float,
+    missing_files_ok: bool = False,
 ) -> tuple[ControlSettings, Path]:
     """``--broker``: the control plane's settings, and the trainer socket its trainers report to (made
     under the spool directory when ``--trainer-socket`` is not given, so probe progress is collected)."""
@@ -352,5 +367,6 @@ def _control_settings(
         retry_prefix=RETRY_PREFIX,
         telemetry_interval_s=interval_s,
         sample_interval_s=interval_s,  # the probe reads the agent's own samples (gpuprobe.agent.fleet)
+        missing_files_ok=missing_files_ok,
     )
     return control, trainer_socket

@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import sqlite3
 import time
 from collections import OrderedDict, deque
@@ -114,10 +115,50 @@ class _Session:
     cursor: int = 0  # highest seq written on this stream
     acked: int = 0  # highest seq acknowledged on this stream
     welcomed: bool = False
+    speaks_tls: bool = False  # the stream failed without TLS and the collector answered a TLS hello
     max_message_bytes: int = 0
     in_flight: OrderedDict[int, tuple[int, int]] = field(default_factory=OrderedDict)  # seq -> (samples, bytes)
     in_flight_bytes: int = 0
     window: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+_DNS_FAILURES = ("DNS resolution failed", "Domain name not found", "hostname lookup error", "Name or service not known")
+
+
+def is_dns_failure(text: str) -> bool:
+    """gRPC's text for a host name that does not resolve (c-ares and the native resolver word it apart)."""
+    return any(marker in text for marker in _DNS_FAILURES)
+
+
+async def speaks_tls(target: str, timeout_s: float = 2.0) -> bool:
+    """Whether the server at ``target`` answers a TLS ClientHello with a TLS record (a handshake or an
+    alert): then a plaintext stream that it closed failed for want of TLS. A plaintext gRPC server
+    answers with HTTP/2 bytes or closes the connection."""
+    import ssl
+
+    host, _, port = target.rpartition(":")
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=None)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    writer: asyncio.StreamWriter | None = None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+        writer.write(hello)
+        await writer.drain()
+        first = await asyncio.wait_for(reader.read(1), timeout_s)
+    except (OSError, TimeoutError, ValueError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+    return first[:1] in (b"\x16", b"\x15")  # TLS record types: handshake, alert
 
 
 class Uplink:
@@ -153,6 +194,7 @@ class Uplink:
         self._last_failure: tuple[str, Any, str] | None = None
         self._last_failure_logged = 0.0
         self._repeats = 0
+        self._speaks_tls: dict[str, tuple[bool, float]] = {}  # per address: answered a TLS hello, when asked
         if settings.token and settings.tls is None:
             log.warning("the bearer token is sent without TLS: anyone on the path can read it (use --tls-ca)")
 
@@ -275,6 +317,14 @@ class Uplink:
                 self._counters.set(connected=0)
             if self._stopping:
                 break
+            if error is not None and self._may_be_plaintext_against_tls(session, error):
+                # a TLS server closes a plaintext HTTP/2 connection with no word, so the log could only say
+                # "Socket closed": ask it once a minute per address, not at every reconnect
+                answer, asked_at = self._speaks_tls.get(target, (False, -math.inf))
+                if time.monotonic() - asked_at >= 60.0:
+                    answer = await speaks_tls(target)
+                    self._speaks_tls[target] = (answer, time.monotonic())
+                session.speaks_tls = answer
             if session.welcomed:
                 failures_in_round = 0
                 backoff.reset()
@@ -327,6 +377,30 @@ class Uplink:
             )
             return
         text = str(error)
+        if is_dns_failure(text):
+            # before the TLS checks: gRPC reports a failed lookup as UNAVAILABLE like a closed handshake
+            host = session.target.rpartition(":")[0].strip("[]")
+            log.error(
+                "cannot resolve the collector's host name %s (DNS: %s): check the name in --collector and this"
+                " node's resolver (resolvectl query %s); %s; retrying in %.1f s",
+                host,
+                text,
+                host,
+                spooled,
+                delay,
+            )
+            return
+        if session.speaks_tls:
+            log.error(
+                "collector %s speaks TLS but the agent connects without it (%s): give --tls-ca FILE (the CA"
+                " that signed the collector's certificate; --tls for the system's roots) and, for mutual TLS,"
+                " --tls-cert and --tls-key; %s; retrying in %.1f s",
+                session.target,
+                text,
+                spooled,
+                delay,
+            )
+            return
         if any(k in text for k in ("SSL", "ssl", "handshake", "certificate", "CERTIFICATE", "TLS")):
             log.error(
                 "TLS with collector %s failed (%s): its certificate does not match --tls-ca / --tls-server-name,"
@@ -362,6 +436,15 @@ class Uplink:
             text,
             spooled,
             delay,
+        )
+
+    def _may_be_plaintext_against_tls(self, session: _Session, error: SessionError) -> bool:
+        return (
+            self.settings.tls is None
+            and not session.welcomed
+            and error.code == grpc.StatusCode.UNAVAILABLE
+            and "refused" not in str(error)
+            and not is_dns_failure(str(error))
         )
 
     # ------------------------------------------------------------------ one session

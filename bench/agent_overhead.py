@@ -184,7 +184,7 @@ def received_gpu_samples(path: Path, t0_ns: int, t1_ns: int) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window (s)")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the window opens")
     parser.add_argument("--gpus", type=int, default=8)

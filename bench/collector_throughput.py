@@ -432,7 +432,7 @@ def cpu_per_sample(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=300_000, help="GPU samples in the raw and end-to-end phases")
     parser.add_argument("--latency-s", type=float, default=30.0, help="length of the latency phase")
     parser.add_argument("--collector-args", default="", help="extra `gpuprobe collector` flags, space-separated")

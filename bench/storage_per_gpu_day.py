@@ -211,7 +211,7 @@ def wait_for_compaction(base: Path, timeout_s: float = 300.0) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=8, help="GPUs of the simulated node (default 8)")
     parser.add_argument("--hours", type=float, default=2.0, help="hours of data (default 2)")
     parser.add_argument("--without-node", action="store_true", help="gpu points only (no 1 Hz node points)")

@@ -100,7 +100,7 @@ def fit_at(shift_c: float, use_memory: bool = True) -> list[dict[str, object]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--shifts", default="0,0.2,0.4,0.6,0.8", help="ambient shifts in degC, comma-separated")
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument(

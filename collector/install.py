@@ -27,6 +27,7 @@ from gpuprobe.systemd import (
     default_executable,
     hidden_executable_warning,
     render_unit,
+    secret_files_note,
     staged_path,
     toml_value,
     write_install_files,
@@ -126,6 +127,36 @@ def render_collector_unit(values: dict[str, Any], executable: Path) -> str:
     return unit.replace("[Service]\n", f"[Service]\nEnvironmentFile=-{ENV_PATH}\nLimitNOFILE=65536\n", 1)
 
 
+def check_config(config_text: str) -> str | None:
+    """What the collector would say when it read ``config_text`` (its own option parsers and settings
+    checks, and the tokens and TLS files where they exist), or None when it accepts it. The secrets of
+    ENV_PATH are not known here: a v2 token is taken as given."""
+    import tomllib
+
+    from gpuprobe.collector.auth import AuthConfigError, TokenStore, server_credentials
+    from gpuprobe.collector.cli import OPTIONS, config_from_options
+    from gpuprobe.config import ConfigError, resolve
+
+    try:
+        data = tomllib.loads(config_text)
+        # the unit adds only ENV_PATH's secrets to this file: stand in for the v2 token kept there
+        environ = {"GPUPROBE_INFLUX_TOKEN": "from-" + ENV_PATH}
+        values = resolve("collector", OPTIONS, argparse.Namespace(), data, Path(CONFIG_PATH), environ=environ)
+        config = config_from_options(values)
+        if config.tokens_file is not None and config.tokens_file.exists():
+            TokenStore(config.tokens_file)
+        tls_files = [config.tls_cert, config.tls_key, config.tls_client_ca]
+        if (
+            config.tls_cert is not None
+            and config.tls_key is not None
+            and all(p is None or p.exists() for p in tls_files)
+        ):
+            server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+    except (ConfigError, AuthConfigError) as e:
+        return str(e)
+    return None
+
+
 def render_sysusers(user: str) -> str:
     return f'u {user} - "gpuprobe telemetry" /var/lib/gpuprobe\n'
 
@@ -142,10 +173,16 @@ def run(values: dict[str, Any], args: argparse.Namespace) -> int:
         return fail("--workers must be at least 1")
     if values["influx_api"] == "v2" and not (values["influx_org"] and values["influx_bucket"]):
         return fail("--influx-api v2 needs --influx-org and --influx-bucket (the token goes into " + ENV_PATH + ")")
+    config_text = render_config(values)
+    refused = check_config(config_text)
+    if refused is not None:
+        # what the collector would refuse at every start (and systemd restart without end): refused here
+        return fail(f"the collector would refuse this configuration: {refused}")
+    unit_text = render_collector_unit(values, executable)
     root: Path | None = values["root"]
     files = {
-        staged_path(root, UNIT_PATH): (render_collector_unit(values, executable), 0o644),
-        staged_path(root, CONFIG_PATH): (render_config(values), 0o644),
+        staged_path(root, UNIT_PATH): (unit_text, 0o644),
+        staged_path(root, CONFIG_PATH): (config_text, 0o644),
         staged_path(root, SYSUSERS_PATH): (render_sysusers(values["user"]), 0o644),
     }
     written = write_install_files(files, values["force"], "install collector")
@@ -162,8 +199,17 @@ def run(values: dict[str, Any], args: argparse.Namespace) -> int:
     print("  systemctl daemon-reload")
     print("  systemctl enable --now gpuprobe-collector")
     print("  journalctl -u gpuprobe-collector -f")
-    print(f"\nnote: the key and tokens file must be readable by {user} (e.g. 0640 root:{user})")
-    warning = hidden_executable_warning(executable)
+    files_read: list[tuple[str, Path, bool]] = [
+        ("tls_cert", Path(values["tls_cert"]), False),
+        ("tls_key", Path(values["tls_key"]), True),
+    ]
+    if values["tls_client_ca"] and values["tls_client_ca"] != "none":
+        files_read.append(("tls_client_ca", Path(values["tls_client_ca"]), False))
+    if values["tokens_file"] is not None:
+        files_read.append(("tokens_file", Path(values["tokens_file"]), True))
+    print("\n" + secret_files_note(files_read, user))
+    print(f"  {ENV_PATH}  0600 root:root (systemd reads it before dropping to {user})")
+    warning = hidden_executable_warning(executable, unit_text)
     if warning:
         print(f"\n{warning}")
     return 0

@@ -12,6 +12,7 @@ Every client speaks MQTT 5 and sets the content type of what it publishes
 
 from __future__ import annotations
 
+import socket
 import ssl
 import uuid
 from dataclasses import dataclass
@@ -64,7 +65,9 @@ class BrokerSettings:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     @classmethod
-    def from_values(cls, values: dict[str, Any]) -> BrokerSettings:
+    def from_values(cls, values: dict[str, Any], *, missing_files_ok: bool = False) -> BrokerSettings:
+        """The checked broker settings; ``missing_files_ok`` (the installer's check) accepts a password,
+        CA, certificate or key file that does not exist yet (one that exists is read and checked)."""
         url = values["broker"]
         parts = urlsplit(url if "://" in url else f"mqtt://{url}")
         if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
@@ -78,7 +81,9 @@ class BrokerSettings:
         tls = parts.scheme in ("mqtts", "ssl") or values.get("mqtt_ca") is not None
         password: str | None = values.get("mqtt_password") or None
         password_file: Path | None = values.get("mqtt_password_file")
-        if password_file is not None:
+        if password_file is not None and missing_files_ok and not password_file.exists():
+            password = ""  # put in place later: the user-name rule below still applies
+        elif password_file is not None:
             try:
                 text = password_file.read_text()
             except OSError as e:
@@ -92,7 +97,7 @@ class BrokerSettings:
             raise ConfigError("--mqtt-cert and --mqtt-key go together")
         for name in ("mqtt_ca", "mqtt_cert", "mqtt_key"):
             path = values.get(name)
-            if path is not None and not Path(path).is_file():
+            if path is not None and not Path(path).is_file() and not (missing_files_ok and not Path(path).exists()):
                 raise ConfigError(f"--{name.replace('_', '-')} {path}: no such file")
         return cls(
             host=parts.hostname,
@@ -188,6 +193,33 @@ def describe_error(error: BaseException, settings: BrokerSettings) -> str:
         )
         return f"the MQTT broker {settings.url} refused the connection{who}: {reason} ({hint})"
     text = str(error) or type(error).__name__
+    causes = _causes(error)
+    if any(isinstance(e, ConnectionRefusedError) for e in causes) or "Connection refused" in text:
+        # the cause is that nothing listens there: the user name (or its absence) is beside the point
+        return (
+            f"nothing listens at the MQTT broker {settings.url} (connection refused): start the broker, or point"
+            " --broker at it (mqtt://HOST:1883, or mqtts://HOST:8883 for TLS)"
+        )
+    if any(isinstance(e, socket.gaierror) for e in causes) or any(m in text for m in _DNS_FAILURES):
+        return f"cannot resolve the MQTT broker's host name {settings.host} (DNS: {text}): check --broker"
     if isinstance(error, ssl.SSLError) or "CERTIFICATE" in text.upper() or "SSL" in text.upper():
         return f"TLS with the MQTT broker {settings.url} failed: {text} (check --mqtt-ca, --mqtt-cert, --mqtt-key)"
+    if "timed out" in text.lower() and not settings.tls:
+        return (
+            f"the MQTT broker {settings.url} did not answer ({text}): if that port expects TLS (8883 usually"
+            " does), use mqtts:// and --mqtt-ca"
+        )
     return f"cannot talk to the MQTT broker {settings.url}{who}: {text}"
+
+
+_DNS_FAILURES = ("Name or service not known", "Temporary failure in name resolution", "nodename nor servname")
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """The error and the exceptions it was raised from (aiomqtt wraps the socket's error)."""
+    found: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in found:
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found

@@ -123,18 +123,21 @@ def control_settings(
     retry_prefix: str = "",
     telemetry_interval_s: float = 0.0,
     sample_interval_s: float = 0.1,
+    missing_files_ok: bool = False,
 ) -> ControlSettings:
     """``ControlSettings`` from the resolved options (``MQTT_OPTIONS`` of :mod:`gpuprobe.control.mqtt`,
     :data:`CONTROL_OPTIONS`, and :data:`RETRY_OPTIONS` with ``retry_prefix``); raises ConfigError (a bad
-    option, no or unreadable trusted keys)."""
+    option, no or unreadable trusted keys). ``missing_files_ok`` (the installer's check) accepts key,
+    certificate and password files that do not exist yet; those that exist are read and checked."""
     from gpuprobe.control import keys, topics
     from gpuprobe.control.mqtt import BrokerSettings
 
-    broker = BrokerSettings.from_values(values)
+    broker = BrokerSettings.from_values(values, missing_files_ok=missing_files_ok)
     if not values["trusted_keys"]:
         raise ConfigError("--trusted-keys is required: the operator public keys whose commands this agent runs")
+    key_paths = [Path(p) for p in values["trusted_keys"] if not (missing_files_ok and not Path(p).exists())]
     try:
-        trusted = keys.load_trusted(values["trusted_keys"])
+        trusted = keys.load_trusted(key_paths)
         topics.check_segment(identity.host, "host name")
     except (keys.KeyFileError, ValueError) as e:
         raise ConfigError(str(e)) from None

@@ -8,6 +8,7 @@ the parts' CLI modules take ``Command`` and ``Option`` from :mod:`gpuprobe.confi
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -25,6 +26,9 @@ GROUP_HELP = {
     "import": "import existing GPU logs into InfluxDB as `gpu` points",
     "study": "studies: one fleet probe over a matrix of workloads, batch sizes and power limits, and its report",
 }
+
+
+LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 
 def all_commands() -> list[Command]:
@@ -52,32 +56,71 @@ def all_commands() -> list[Command]:
     ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--influx-ur`` is not ``--influx-url``), and an unknown option
+    answered by the sub-command it was given to: its usage and the closest option it has."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.leaves: dict[str, argparse.ArgumentParser] = {}
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            cmd: Command | None = getattr(parsed, "_command", None)
+            leaf = self.leaves.get(cmd.name, self) if cmd is not None else self
+            leaf.error(_unrecognized(extras, leaf))
+        return parsed
+
+
+def _unrecognized(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's message, with "did you mean --collector?" for the first misspelled option."""
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    known = [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+    for extra in extras:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if close:
+                return f"{message} (did you mean {close[0]}?)"
+    return message
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """--config and --log-level, on the top-level parser and again on every sub-command's, so that
+    they work anywhere on the line (``gpuprobe agent --log-level debug``). Below the top they default
+    to SUPPRESS: only a value given there replaces the top level's."""
+    group = parser.add_argument_group("global options (anywhere on the line)") if not top else parser
+    group.add_argument(
+        "--config",
+        type=Path,
+        default=None if top else argparse.SUPPRESS,
+        metavar="FILE",
+        help=f"TOML configuration file (env {CONFIG_ENV})",
+    )
+    group.add_argument(
+        "--log-level",
+        default=os.environ.get("GPUPROBE_LOG_LEVEL", "info") if top else argparse.SUPPRESS,
+        choices=LOG_LEVELS,
+        help="logging threshold (env GPUPROBE_LOG_LEVEL; default info)",
+    )
+
+
 def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpuprobe",
         description="Distributed GPU telemetry: agents, collector, trainer, fleet probes and models.",
         epilog=(
             "Every option can also come from the TOML file given by --config (or GPUPROBE_CONFIG) and "
             "from a GPUPROBE_<OPTION> environment variable; flags win over the environment, which "
-            "wins over the file."
+            "wins over the file. --config and --log-level may be given anywhere on the line."
         ),
     )
     parser.add_argument("--version", action="version", version=f"gpuprobe {__version__}")
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help=f"TOML configuration file (env {CONFIG_ENV})",
-    )
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get("GPUPROBE_LOG_LEVEL", "info"),
-        choices=["debug", "info", "warning", "error"],
-        help="logging threshold (env GPUPROBE_LOG_LEVEL; default info)",
-    )
+    _add_global_options(parser, top=True)
     groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
-    top = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # every sub-parser is a plain ArgumentParser without abbreviations; only the top one checks extras
+    top = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=argparse.ArgumentParser)
     top.required = True
     groups[""] = top
     for cmd in commands:
@@ -86,17 +129,20 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
             prefix = ".".join(parts[:depth])
             if prefix not in groups:
                 parent = groups[".".join(parts[: depth - 1])]
-                group_parser = parent.add_parser(parts[depth - 1], help=GROUP_HELP.get(prefix, ""))
+                group_parser = parent.add_parser(parts[depth - 1], help=GROUP_HELP.get(prefix, ""), allow_abbrev=False)
+                _add_global_options(group_parser, top=False)
                 sub = group_parser.add_subparsers(dest=f"command_{depth}", metavar="COMMAND")
                 sub.required = True
                 groups[prefix] = sub
         leaf = groups[".".join(parts[:-1])].add_parser(
-            parts[-1], help=cmd.help, description=cmd.description or cmd.help
+            parts[-1], help=cmd.help, description=cmd.description or cmd.help, allow_abbrev=False
         )
         add_options(leaf, cmd.options)
         if cmd.extra_arguments:
             cmd.extra_arguments(leaf)
+        _add_global_options(leaf, top=False)
         leaf.set_defaults(_command=cmd)
+        parser.leaves[cmd.name] = leaf
     return parser
 
 

@@ -255,16 +255,23 @@ def check_keys(data: Mapping[str, Any], known_by_command: Mapping[str, set[str]]
                 continue
             if not prefix:
                 if key not in all_known:
-                    raise ConfigError(f"{path}: unknown option {key!r}")
+                    raise ConfigError(f"{path}: unknown option {key!r}{_did_you_mean(key, all_known)}")
                 continue
             allowed: set[str] = set()
             for command, names in known_by_command.items():
                 if command == prefix or command.startswith(prefix + "."):
                     allowed |= names
             if key not in allowed:
-                raise ConfigError(f"{path}: unknown option {key!r} in [{prefix}]")
+                raise ConfigError(f"{path}: unknown option {key!r} in [{prefix}]{_did_you_mean(key, allowed)}")
 
     walk(data, "")
+
+
+def _did_you_mean(key: str, known: Iterable[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def resolve(

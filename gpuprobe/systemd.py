@@ -153,13 +153,81 @@ def default_executable() -> Path:
     return Path(found) if found else Path("/usr/local/bin/gpuprobe")
 
 
-def hidden_executable_warning(executable: Path) -> str | None:
-    if any(str(executable).startswith(p) for p in ("/home/", "/root/")):
-        return (
-            f"warning: {executable} is under /home or /root, which the unit hides (ProtectHome=yes): "
-            "install gpuprobe elsewhere (e.g. /opt/gpuprobe) or pass --executable"
-        )
+# What each unit setting hides from the service (systemd.exec(5)): the paths it cannot see at all, so a
+# program there fails with 203/EXEC. ProtectSystem= and ProtectHome=read-only only make paths read-only.
+_HOME_PATHS = ("/home", "/root", "/run/user")
+_TMP_PATHS = ("/tmp", "/var/tmp")
+
+
+def hidden_paths(unit_text: str) -> dict[str, str]:
+    """The paths the unit hides from its own process, each with the setting that hides it
+    (``ProtectHome=yes``, ``PrivateTmp=yes``, ``InaccessiblePaths=``, ``TemporaryFileSystem=``)."""
+    hidden: dict[str, str] = {}
+    for raw in unit_text.splitlines():
+        key, sep, value = raw.strip().partition("=")
+        if not sep:
+            continue
+        value = value.strip()
+        if key == "ProtectHome" and value.lower() in ("yes", "true", "1", "on", "tmpfs"):
+            hidden.update({path: f"ProtectHome={value}" for path in _HOME_PATHS})
+        elif key == "PrivateTmp" and value.lower() in ("yes", "true", "1", "on"):
+            hidden.update({path: f"PrivateTmp={value}" for path in _TMP_PATHS})
+        elif key in ("InaccessiblePaths", "TemporaryFileSystem"):
+            for word in value.split():
+                path = word.lstrip("-+").split(":", 1)[0]  # "-": ignore if missing; ":ro" options
+                if path.startswith("/"):
+                    hidden[path.rstrip("/") or "/"] = f"{key}={value}"
+    return hidden
+
+
+def _programs(executable: Path) -> list[Path]:
+    """The executable, the file it links to, and a script's interpreter (a virtual environment's python):
+    the unit needs to see each of them."""
+    found = [executable]
+    try:
+        real = executable.resolve()
+        if real != executable:
+            found.append(real)
+        with executable.open("rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return found
+    if first.startswith(b"#!"):
+        words = first[2:].decode(errors="replace").split()
+        if words and words[0].startswith("/"):
+            found.append(Path(words[0]))
+    return found
+
+
+def hidden_executable_warning(executable: Path, unit_text: str) -> str | None:
+    """A warning when the unit's program (or its interpreter) lies under a path the unit hides."""
+    hidden = hidden_paths(unit_text)
+    for program in _programs(executable):
+        for prefix, setting in sorted(hidden.items()):
+            if program == Path(prefix) or Path(prefix) in program.parents:
+                what = "" if program == executable else f" ({executable} runs it)"
+                return (
+                    f"warning: {program}{what} is under {prefix}, which the unit hides ({setting}): systemd will"
+                    " fail to start it (203/EXEC); install gpuprobe elsewhere (e.g. a virtual environment in"
+                    " /opt/gpuprobe) or pass --executable"
+                )
     return None
+
+
+def secret_files_note(files: list[tuple[str, Path, bool]], user: str) -> str:
+    """The files a service reads, each with the owner and mode it needs (``secret``: only root and the
+    service's group may read it), and the ones that are not there yet."""
+    lines = [f"files the service reads as {user}:"]
+    for option, path, secret in files:
+        need = f"0640 root:{user}" if secret else "0644 (or 0640 root:" + user + ")"
+        state = "" if path.exists() else "  (missing: put it there before starting the service)"
+        try:
+            if secret and path.stat().st_mode & 0o004:
+                state = f"  (now readable by everyone: chmod 0640 {path})"
+        except OSError:
+            pass
+        lines.append(f"  {path}  {need}  (--{option.replace('_', '-')}){state}")
+    return "\n".join(lines)
 
 
 def write_install_files(files: dict[Path, tuple[str, int]], force: bool, command: str) -> int:

@@ -1020,7 +1020,9 @@ def default_alerting_out() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuprobe.model.grafana", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m gpuprobe.model.grafana", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--out", type=Path, default=None, help="folder to write into (default: deploy/grafana/dashboards)"
     )

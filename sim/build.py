@@ -77,7 +77,9 @@ def ensure_library() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuprobe.sim.build", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m gpuprobe.sim.build", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", type=Path, help="folder to write libnvidia-ml.so.1 into (default: a cache)")
     args = parser.parse_args(argv)
     try:

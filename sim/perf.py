@@ -751,7 +751,9 @@ def markdown_tables() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuprobe.sim.perf", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m gpuprobe.sim.perf", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--regenerate", action="store_true", help=f"recompute {COSTS_PATH.name} from the real models")
     parser.add_argument("--tables", action="store_true", help="print the performance tables of docs/simulator.md")
     args = parser.parse_args(argv)

@@ -38,7 +38,7 @@ OPTIONS = [
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     add_options(parser, OPTIONS)
     return parser.parse_args(argv)
 
@@ -177,10 +177,84 @@ def test_cli_reports_config_errors_clearly(tmp_path: Path) -> None:
     config.write_text("[sim.load]\nutill = 40\n")
     result = gpuprobe("--config", str(config), "sim", "profiles")
     assert result.returncode == 2
-    assert "unknown option 'utill' in [sim.load]" in result.stderr
+    assert "unknown option 'utill' in [sim.load] (did you mean 'util'?)" in result.stderr
     result = gpuprobe("sim", "load", "--util", "lots")
     assert result.returncode == 2
     assert "bad value for util" in result.stderr
+
+
+def test_no_option_is_taken_from_an_abbreviation() -> None:
+    """`--influx-ur` used to pass as `--influx-url`: a typo that silently worked, until a new option
+    with the same start made it ambiguous."""
+    parser = build_parser(all_commands())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["collector", "--influx-ur", "http://x:8086"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--log-lev", "debug", "sim", "profiles"])
+    result = gpuprobe("install", "collector", "--influx-ur", "http://influx:8086", "--root", "/nonexistent/root")
+    assert result.returncode == 2 and "--influx-ur" in result.stderr, result.stderr
+    assert not Path("/nonexistent/root").exists()
+
+
+def test_every_parser_of_the_project_refuses_abbreviations() -> None:
+    def walk(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        found = [parser]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    found += walk(sub)
+        return found
+
+    parsers = walk(build_parser(all_commands()))
+    assert len(parsers) > 20 and all(p.allow_abbrev is False for p in parsers), [
+        p.prog for p in parsers if p.allow_abbrev
+    ]
+    # the tools and benches beside the CLI too: every ArgumentParser(...) call says allow_abbrev=False
+    import ast
+
+    repo = Path(__file__).resolve().parents[1]
+    missing = []
+    for path in repo.rglob("*.py"):
+        if any(part in (".venv", "node_modules", "build") or part.startswith(".") for part in path.parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            is_parser = isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ArgumentParser"
+            if is_parser and not any(k.arg == "allow_abbrev" for k in node.keywords):
+                missing.append(f"{path.relative_to(repo)}:{node.lineno}")
+    assert not missing, f"ArgumentParser without allow_abbrev=False: {missing}"
+
+
+def test_a_misspelled_option_gets_its_subcommands_usage_and_a_suggestion() -> None:
+    result = gpuprobe("agent", "--colector", "c1:7447", "--check")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: gpuprobe agent "), result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpuprobe agent: error: unrecognized arguments: --colector"), last
+    assert last.endswith("(did you mean --collector?)"), last
+    nested = gpuprobe("probe", "start", "--workloadd", "matmul")
+    assert nested.returncode == 2 and nested.stderr.startswith("usage: gpuprobe probe start "), nested.stderr
+    assert "(did you mean --workload?)" in nested.stderr
+    # nothing close: no guess
+    far = gpuprobe("agent", "--zzzzzz")
+    assert far.returncode == 2 and "did you mean" not in far.stderr and "--zzzzzz" in far.stderr
+
+
+def test_global_options_work_anywhere_on_the_line(tmp_path: Path) -> None:
+    parser = build_parser(all_commands())
+    for argv in (
+        ["--log-level", "debug", "probe", "status"],
+        ["probe", "--log-level", "debug", "status"],
+        ["probe", "status", "--log-level", "debug"],
+    ):
+        assert parser.parse_args(argv).log_level == "debug", argv
+    # not given: the top level's default stays
+    assert parser.parse_args(["probe", "status"]).log_level in ("debug", "info", "warning", "error")
+    config = tmp_path / "gpuprobe.toml"
+    config.write_text('[agent]\ncollector = ["from-file:7447"]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+    checked = gpuprobe("agent", "--check", "--config", str(config), "--log-level", "warning", env=env)
+    assert checked.returncode == 0, checked.stderr
+    assert "collector        from-file:7447" in checked.stdout
 
 
 # --- durations ----------------------------------------------------------------------------------------
@@ -238,7 +312,7 @@ DURATIONS = [
 
 
 def parse_durations(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     add_options(parser, DURATIONS)
     return parser.parse_args(argv)
 

@@ -230,7 +230,7 @@ def run(proto_dir: Path, out_dir: Path, check: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Generate gpuprobe's Python wire-contract code from .proto files, or check it."
+        allow_abbrev=False, description="Generate gpuprobe's Python wire-contract code from .proto files, or check it."
     )
     parser.add_argument(
         "--proto-dir",

@@ -42,7 +42,7 @@ def render(values: dict[str, object] | None = None) -> dict[str, str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="fail when deploy/kubernetes/ differs from the chart")
     args = parser.parse_args()
     rendered = render()

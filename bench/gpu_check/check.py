@@ -58,7 +58,7 @@ FIELD_NVLINK_STATE = 165
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the results (created)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every phase's duration (1: ~6 min)")
     parser.add_argument("--sim", metavar="PROFILE", help="a simulated GPU of this profile instead of a real one")

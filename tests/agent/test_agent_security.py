@@ -185,3 +185,31 @@ def test_a_collector_that_refuses_the_identity_is_retried_slowly_with_an_error(
     finally:
         collector.terminate()
         collector.wait(20)
+
+
+def test_a_host_name_that_does_not_resolve_is_reported_as_dns_not_tls(
+    tmp_path: Path, pki: Pki, agent_factory: AgentFactory
+) -> None:
+    """It was "TLS ... failed ... usually means the collector refused the client certificate"."""
+    sim = machine(tmp_path / "sim", ["L4"])
+    agent = agent_factory(
+        sim, ["nosuchhost.invalid:7447"], "--tls-ca", str(pki.ca.cert_path),
+        "--tls-cert", str(pki.client.cert_path), "--tls-key", str(pki.client.key_path), "--grace", "0",
+    )  # fmt: skip
+    line = agent.wait_for_log(r"cannot resolve the collector's host name nosuchhost\.invalid[^\n]*", timeout=30)
+    assert "DNS" in line.group(0) and "--collector" in line.group(0), line.group(0)
+    assert agent.terminate() == 0
+    assert "TLS with collector" not in agent.log() and "client certificate" not in agent.log(), agent.log()
+
+
+def test_a_plaintext_agent_against_a_tls_collector_is_told_to_use_tls(
+    tmp_path: Path, pki: Pki, receiver_factory: Callable[..., Receiver], agent_factory: AgentFactory
+) -> None:
+    """It was only "UNAVAILABLE ... Socket closed"."""
+    receiver = receiver_factory("--tls-cert", str(pki.server.cert_path), "--tls-key", str(pki.server.key_path))
+    sim = machine(tmp_path / "sim", ["L4"])
+    agent = agent_factory(sim, [f"localhost:{receiver.port}"], "--grace", "0")
+    line = agent.wait_for_log(rf"collector localhost:{receiver.port} speaks TLS[^\n]*", timeout=30)
+    assert "--tls-ca" in line.group(0), line.group(0)
+    assert agent.terminate() == 0
+    assert receiver.batches() == []

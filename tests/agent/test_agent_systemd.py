@@ -195,3 +195,78 @@ def test_docs_describe_every_agent_option() -> None:
     text = (REPO / "docs/agent.md").read_text()
     missing = [o.flag for o in AGENT_OPTIONS if f"`{o.flag}`" not in text or f"`{o.env_var}`" not in text]
     assert not missing, f"docs/agent.md does not describe {missing}"
+
+
+def test_install_refuses_what_the_agent_would_refuse_with_the_agents_own_message(tmp_path: Path) -> None:
+    """A config the agent refuses makes systemd restart it without end: the installer refuses it first."""
+    root = tmp_path / "root"
+    url = install("--collector", "https://collector.example.net:7447", "--root", str(root))
+    assert url.returncode == 2, url.stdout
+    # the cause is the URL scheme, not the IPv6 hint that the colons used to trigger
+    assert "is a URL" in url.stderr and "https://" in url.stderr and "IPv6" not in url.stderr, url.stderr
+    assert "'collector.example.net:7447'" in url.stderr
+    # the agent itself says the same
+    agent = subprocess.run(
+        [*gpuprobe_command(), "agent", "--collector", "https://collector.example.net:7447", "--check"],
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert agent.returncode == 2 and "is a URL" in agent.stderr and "IPv6" not in agent.stderr, agent.stderr
+    empty_token = tmp_path / "agent.token"
+    empty_token.write_text("\n")
+    for args, expected in [
+        (["--token-file", str(empty_token)], "is empty"),
+        (["--metrics-listen", "9100"], "--metrics-listen"),
+        (["--broker", "mqtt://broker:99999", "--trusted-keys", str(tmp_path / "keys")], "has a bad port"),
+        (["--broker", "http://broker:1883", "--trusted-keys", str(tmp_path / "keys")], "mqtt://"),
+    ]:
+        done = install("--collector", "c1:7447", "--root", str(root), *args)
+        assert done.returncode == 2, (args, done.stdout)
+        assert "the agent would refuse this configuration" in done.stderr and expected in done.stderr, done.stderr
+    assert not root.exists(), "nothing is written when the agent would refuse it"
+
+
+def test_install_accepts_files_not_there_yet_and_lists_each_with_its_owner_and_mode(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    token = tmp_path / "agent.token"
+    token.write_text("t" * 32 + "\n")
+    token.chmod(0o644)
+    done = install(
+        "--collector", "c1:7447", "--root", str(root), "--tls-ca", str(tmp_path / "ca.pem"),
+        "--tls-cert", str(tmp_path / "agent.pem"), "--tls-key", str(tmp_path / "agent.key"),
+        "--token-file", str(token), "--broker", "mqtts://broker:8883", "--trusted-keys", str(tmp_path / "ops"),
+        "--mqtt-username", "node", "--mqtt-password-file", str(tmp_path / "mqtt.password"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+
+    def line_of(path: Path) -> str:
+        return next(line for line in lines if line.strip().startswith(f"{path} "))
+
+    assert "0640 root:gpuprobe" in line_of(tmp_path / "agent.key") and "missing" in line_of(tmp_path / "agent.key")
+    assert "0640 root:gpuprobe" in line_of(tmp_path / "mqtt.password")
+    assert "0644" in line_of(tmp_path / "ca.pem") and "(--trusted-keys)" in line_of(tmp_path / "ops")
+    assert "readable by everyone" in line_of(token), "a secret others can read is pointed out"
+
+
+def test_install_warns_for_a_program_under_any_path_the_unit_hides(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    venv_python = tmp_path / "venv/bin/python"  # tmp_path is under /tmp, which PrivateTmp=yes hides
+    assert str(tmp_path).startswith("/tmp/"), "this test needs pytest's tmp_path under /tmp"
+    done = install("--collector", "c1", "--root", str(root), "--executable", str(tmp_path / "venv/bin/gpuprobe"))
+    assert done.returncode == 0, done.stderr
+    assert "warning:" in done.stdout and "PrivateTmp=yes" in done.stdout and "203/EXEC" in done.stdout, done.stdout
+    home = install("--collector", "c1", "--root", str(tmp_path / "r2"), "--executable", "/home/alice/bin/gpuprobe")
+    assert "ProtectHome=yes" in home.stdout, home.stdout
+    # a script outside the hidden paths whose interpreter is hidden (a venv under /tmp) fails the same way
+    script = REPO / f".install-test-{os.getpid()}"
+    script.write_text(f"#!{venv_python}\n")
+    try:
+        shebang = install("--collector", "c1", "--root", str(tmp_path / "r3"), "--executable", str(script))
+    finally:
+        script.unlink()
+    assert f"{venv_python} ({script} runs it) is under /tmp" in shebang.stdout, shebang.stdout
+    # this installation (the repository's .venv, outside every hidden path) gets no warning
+    fine = install(
+        "--collector", "c1", "--root", str(tmp_path / "r4"), "--executable", str(REPO / ".venv/bin/gpuprobe")
+    )
+    assert fine.returncode == 0 and "warning:" not in fine.stdout, fine.stdout

@@ -139,3 +139,29 @@ def test_the_service_tells_systemd_ready_pings_the_watchdog_and_says_stopping(
     assert max(b - a for a, b in itertools.pairwise(pings)) < 1.5
     stopping = [i for i, m in enumerate(texts) if m == "STOPPING=1"]
     assert stopping and stopping[0] > ready[0]
+
+
+def test_install_refuses_what_the_collector_would_refuse_with_the_collectors_own_message(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    bad_tokens = tmp_path / "tokens"
+    bad_tokens.write_text("node-1\n")  # no token: the collector refuses the file at start
+    for args, expected in [
+        (["--influx-url", "influx:8086"], "--influx-url must start with http:// or https://, not 'influx:8086'"),
+        (["--listen", "0.0.0.0:99999"], "--listen: port 99999 is out of range"),
+        (["--metrics-listen", "9447"], "--metrics-listen must be HOST:PORT"),
+        (["--tokens-file", str(bad_tokens)], "expected 'AGENT_ID TOKEN'"),
+    ]:
+        done = install("--root", str(root), *args)
+        assert done.returncode == 2, (args, done.stdout)
+        assert "the collector would refuse this configuration" in done.stderr and expected in done.stderr, done.stderr
+    assert not root.exists(), "nothing is written when the collector would refuse it"
+
+
+def test_install_collector_lists_the_files_it_reads_and_warns_for_a_hidden_program(tmp_path: Path) -> None:
+    done = install("--root", str(tmp_path / "root"), "--executable", str(tmp_path / "venv/bin/gpuprobe"))
+    assert done.returncode == 0, done.stderr
+    key_line = next(
+        line for line in done.stdout.splitlines() if "/etc/gpuprobe/tls/collector.key" in line and "(--" in line
+    )
+    assert "0640 root:gpuprobe" in key_line and "missing" in key_line
+    assert "PrivateTmp=yes" in done.stdout and "203/EXEC" in done.stdout, done.stdout

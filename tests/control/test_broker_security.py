@@ -178,3 +178,24 @@ def test_the_example_mosquitto_conf_runs_with_tls_passwords_and_the_acl(tmp_path
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_fleet_with_no_broker_running_names_the_refused_connection_not_the_user_name(make_cli: Any) -> None:
+    """It was "cannot talk to the MQTT broker ... without a user name: Connection refused"."""
+    port = free_port()  # nothing listens there
+    done = make_cli(f"mqtt://127.0.0.1:{port}")("fleet", timeout=60)
+    assert done.returncode == 1
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"gpuprobe fleet: error: nothing listens at the MQTT broker mqtt://127.0.0.1:{port}")
+    assert "connection refused" in error and "--broker" in error and "user name" not in error, error
+    unresolved = make_cli("mqtt://nosuchhost.invalid:1883")("fleet", timeout=60)
+    assert unresolved.returncode == 1
+    assert "cannot resolve the MQTT broker's host name nosuchhost.invalid" in unresolved.stderr, unresolved.stderr
+
+
+def test_plain_mqtt_against_the_tls_port_says_to_use_mqtts(secured: Any, make_cli: Any) -> None:
+    """It was only "Operation timed out"."""
+    plain = secured.tls_url.replace("mqtts://", "mqtt://")
+    done = make_cli(plain, ["--mqtt-username", "operator", "--mqtt-password", "op-secret"])("fleet", timeout=90)
+    assert done.returncode == 1
+    assert f"the MQTT broker {plain} did not answer" in done.stderr and "use mqtts://" in done.stderr, done.stderr
