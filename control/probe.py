@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuprobe import workloads
 from gpuprobe.control.gpus import GpuReader, Reading, Sampler, describe_health, energy_at
 from gpuprobe.control.powerlimit import PowerLimits
 from gpuprobe.control.settings import TRAINER_COMMAND
-from gpuprobe.trainer import catalog
 from gpuprobe.trainer.report import AgentReporter, probe_event_line
 from gpuprobe.v1 import common_pb2, control_pb2
 
@@ -150,9 +150,9 @@ class ProbePlan:
 
     def phase_s(self, name: str) -> float:
         defaults = {
-            "idle_baseline_s": catalog.DEFAULT_IDLE_BASELINE_S,
-            "warmup_s": catalog.DEFAULT_WARMUP_S,
-            "cooldown_s": catalog.DEFAULT_COOLDOWN_S,
+            "idle_baseline_s": workloads.DEFAULT_IDLE_BASELINE_S,
+            "warmup_s": workloads.DEFAULT_WARMUP_S,
+            "cooldown_s": workloads.DEFAULT_COOLDOWN_S,
         }
         return float(getattr(self.start, name)) if self.start.HasField(name) else defaults[name]
 

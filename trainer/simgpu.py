@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gpuprobe.sim import state as sim_state
 from gpuprobe.sim.profiles import WORKLOAD_IDS
-from gpuprobe.trainer.catalog import WORKLOADS
+from gpuprobe.workloads import WORKLOADS
 
 log = logging.getLogger(__name__)
 
