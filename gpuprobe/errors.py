@@ -50,7 +50,7 @@ module (``gpuprobe.`` left out; ``agent/…`` is ``gpuprobe.agent``) and when it
     │       └── _AddressInUse                  devservices/_process.py: the server's port was taken
     │                                          during its start (the start is retried on new ports)
     ├── ProtocolError                          errors.py: a wire or control contract violated
-    │   ├── StreamError                        collector/validate.py: ends an agent's telemetry stream
+    │   ├── StreamError                        wire/validate.py: ends an agent's telemetry stream
     │   │                                      with a gRPC status (docs/wire.md)
     │   ├── SessionError                       agent/uplink.py: ends one uplink session to a collector
     │   ├── Refusal                            control/signing.py: an agent refuses a probe command,

@@ -106,9 +106,6 @@ DEFAULT_WARMUP_S = 10.0
 DEFAULT_DURATION_S = 60.0
 DEFAULT_COOLDOWN_S = 60.0
 
-# The phase names: the `phase` field of `trainer` points and the trainer socket (docs/wire.md).
-PHASES = ("pending", "idle", "warmup", "steady", "cooldown", "done")
-
 
 def torch_available() -> bool:
     """True when torch, torchvision and transformers can be imported (the `trainer` extra)."""

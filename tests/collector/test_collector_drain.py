@@ -13,9 +13,9 @@ from pathlib import Path
 from collector_helpers import CollectorProcess, collector_config, running, wait_until
 from test_collector_faults import Fleet, assert_exactly_once
 
-from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.runner import EXIT_WAL_LEFT
 from gpuprobe.devservices import InfluxDBServer
+from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 
 
 def pending_lines(wal_dir: Path) -> int:
