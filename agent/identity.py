@@ -10,9 +10,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from gpuprobe.collector.validate import Limits, StreamError, check_hello
 from gpuprobe.errors import ConfigError
 from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import Limits, StreamError, check_hello
 
 DMI_DIR = Path("/sys/class/dmi/id")
 AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"

@@ -38,11 +38,11 @@ from gpuprobe.agent.health import HealthTracker, Verdict
 from gpuprobe.agent.metrics import Counters
 from gpuprobe.agent.sensors.acoustic import Microphone
 from gpuprobe.agent.sensors.events import lost_event
-from gpuprobe.agent.sensors.gpu import GpuSensor
 from gpuprobe.agent.sensors.host import HostSensor
 from gpuprobe.agent.sensors.processes import ProcessTracker
 from gpuprobe.agent.sensors.proxy import AcousticProxy
 from gpuprobe.agent.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
+from gpuprobe.nvml.sensor import GpuSensor
 from gpuprobe.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)

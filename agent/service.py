@@ -38,13 +38,14 @@ from gpuprobe.agent.resolution import ResolutionPolicy
 from gpuprobe.agent.sampler import Sampler
 from gpuprobe.agent.sensors.acoustic import Microphone
 from gpuprobe.agent.sensors.events import EVENT_TYPES, EventThread
-from gpuprobe.agent.sensors.gpu import GpuSensor, GpuSensorError
 from gpuprobe.agent.sensors.host import HostSensor
 from gpuprobe.agent.sensors.proxy import AcousticProxy
 from gpuprobe.agent.settings import AgentSettings
 from gpuprobe.agent.spool import Appended, AsyncSpool, Spool, SpoolError, SpoolState, Unspooled
 from gpuprobe.agent.trainer_input import Message, TrainerInput
 from gpuprobe.agent.uplink import Uplink
+from gpuprobe.nvml.errors import GpuSensorError
+from gpuprobe.nvml.sensor import GpuSensor
 from gpuprobe.systemd import Notifier, watchdog_interval_s
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuprobe.errors import ProtocolError
-from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.v1 import telemetry_pb2
+from gpuprobe.wire.vocabulary import PHASES, PROBE_EVENT_KINDS, STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -39,30 +40,10 @@ MAX_STRING_CHARS = 256
 MAX_UINT32 = 2**32 - 1
 MAX_UINT64 = 2**64 - 1
 
-PHASES = {
-    "pending": common_pb2.PROBE_PHASE_PENDING,
-    "idle": common_pb2.PROBE_PHASE_IDLE_BASELINE,
-    "warmup": common_pb2.PROBE_PHASE_WARMUP,
-    "steady": common_pb2.PROBE_PHASE_STEADY,
-    "cooldown": common_pb2.PROBE_PHASE_COOLDOWN,
-    "done": common_pb2.PROBE_PHASE_DONE,
-}
-KINDS = {
-    "start": telemetry_pb2.PROBE_EVENT_KIND_START,
-    "phase_change": telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE,
-    "end": telemetry_pb2.PROBE_EVENT_KIND_END,
-    "point_refused": telemetry_pb2.PROBE_EVENT_KIND_POINT_REFUSED,
-}
 DEVICES = {
     "cuda": telemetry_pb2.TRAINER_DEVICE_CUDA,
     "cpu": telemetry_pb2.TRAINER_DEVICE_CPU,
     "sim": telemetry_pb2.TRAINER_DEVICE_SIM,
-}
-STATUSES = {
-    "running": common_pb2.PROBE_STATUS_RUNNING,
-    "succeeded": common_pb2.PROBE_STATUS_SUCCEEDED,
-    "failed": common_pb2.PROBE_STATUS_FAILED,
-    "cancelled": common_pb2.PROBE_STATUS_CANCELLED,
 }
 
 Message = telemetry_pb2.TrainerSample | telemetry_pb2.ProbeEvent
@@ -163,7 +144,7 @@ def parse_line(line: bytes, now_ns: int) -> Message:
             time_unix_ns=t_ns,
             probe_id=_string(obj, "probe", required=True),
             workload=_string(obj, "workload"),
-            kind=_choice(obj, "kind", KINDS, required=True),  # type: ignore[arg-type]
+            kind=_choice(obj, "kind", PROBE_EVENT_KINDS, required=True),  # type: ignore[arg-type]
             phase=_choice(obj, "phase", PHASES, required=False),  # type: ignore[arg-type]
             status=_choice(obj, "status", STATUSES, required=False),  # type: ignore[arg-type]
             message=_string(obj, "message", max_chars=4096),

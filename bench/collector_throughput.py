@@ -4,7 +4,7 @@ the time from a sample to being queryable, all measured in one run on this machi
     python bench/collector_throughput.py [--samples 300000] [--json out.json]
 
 1. **Encode**: ``StreamEncoder.encode`` alone on realistic GPU batches (NVML-like values from
-   ``gpuprobe.collector.loadgen.SampleFactory``, 8 GPUs x 100 samples per batch, parsed from bytes as
+   ``gpuprobe.loadgen.SampleFactory``, 8 GPUs x 100 samples per batch, parsed from bytes as
    the server gets them), single process, CPU time (``time.process_time``).
 2. **Raw**: a fresh InfluxDB (Debian's 1.6, own data directory) takes pre-encoded, pre-gzipped
    5 000-line batches of the same lines, POSTed by 3 threads as fast as it answers. Run before and
@@ -47,11 +47,11 @@ from typing import Any
 
 from gpuprobe.collector.compression import gzip_bytes
 from gpuprobe.collector.encode import StreamEncoder
-from gpuprobe.collector.loadgen import AgentSpec, SampleFactory, SyntheticAgent
-from gpuprobe.collector.validate import Identity, Limits
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.devservices.ports import LOOPBACK, free_port, port_accepts
+from gpuprobe.loadgen import AgentSpec, SampleFactory, SyntheticAgent
 from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import Identity, Limits
 
 NS = 1_000_000_000
 

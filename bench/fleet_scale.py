@@ -5,7 +5,7 @@
 Starts a fresh InfluxDB (Debian's 1.6, own data directory, ``gpuprobe.devservices``) and two
 ``gpuprobe collector`` processes (plaintext on 127.0.0.1, free ports): A with ``--ack-after sink``
 (it holds nothing an agent does not also hold, so killing it strands nothing) and B with the default
-``--ack-after wal``. The synthetic agents (``gpuprobe.collector.loadgen.SyntheticAgent``, real gRPC
+``--ack-after wal``. The synthetic agents (``gpuprobe.loadgen.SyntheticAgent``, real gRPC
 clients, in this process) get both addresses and start at the one the agent's SHA-256 hash of their
 id picks, failing over in order, as ``gpuprobe agent --collector a,b`` does.
 
@@ -63,9 +63,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuprobe.agent.uplink import first_choice
-from gpuprobe.collector.loadgen import AgentSpec, SampleFactory, SyntheticAgent
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.devservices.ports import LOOPBACK, free_ports, port_accepts
+from gpuprobe.loadgen import AgentSpec, SampleFactory, SyntheticAgent
 from gpuprobe.v1 import telemetry_pb2
 
 NS = 1_000_000_000

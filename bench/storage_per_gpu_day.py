@@ -39,12 +39,12 @@ from typing import Any
 
 from gpuprobe.agent.resolution import aggregate
 from gpuprobe.collector.encode import StreamEncoder
-from gpuprobe.collector.validate import Identity, Limits
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.retention import ROLLUP_1M, ROLLUP_10S, RetentionPlan, backfill, init_db
 from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.v1 import telemetry_pb2
+from gpuprobe.wire.validate import Identity, Limits
 
 NS = 1_000_000_000
 DB = "gpuprobe"

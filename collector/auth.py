@@ -28,8 +28,8 @@ from pathlib import Path
 
 import grpc
 
-from gpuprobe.collector.validate import StreamError
 from gpuprobe.errors import ConfigError
+from gpuprobe.wire.validate import StreamError
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,10 @@ import orjson
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from gpuprobe.collector.validate import (
+from gpuprobe.influx.lineprotocol import float_text, quote_string_field, series_prefix
+from gpuprobe.influx.storable import INT64_MAX, tag_value_problem
+from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import (
     INVALID_STRING,
     MAX_AGGREGATE_INTERVAL_MS,
     MISSING_FIELD,
@@ -60,9 +63,7 @@ from gpuprobe.collector.validate import (
     clean_string_field,
     sensor_name_problem,
 )
-from gpuprobe.influx.lineprotocol import float_text, quote_string_field, series_prefix
-from gpuprobe.influx.storable import INT64_MAX, tag_value_problem
-from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.vocabulary import PHASE_NAMES, PROBE_EVENT_KIND_NAMES, STATUS_NAMES
 
 # measurement names (docs/schema.md)
 GPU = "gpu"
@@ -80,26 +81,6 @@ GPU_MIG = "gpu_mig"
 _FLOAT, _INT, _BOOL = 0, 1, 2
 _CACHE_LIMIT = 4096
 
-PHASES: dict[int, str] = {
-    common_pb2.PROBE_PHASE_PENDING: "pending",
-    common_pb2.PROBE_PHASE_IDLE_BASELINE: "idle",
-    common_pb2.PROBE_PHASE_WARMUP: "warmup",
-    common_pb2.PROBE_PHASE_STEADY: "steady",
-    common_pb2.PROBE_PHASE_COOLDOWN: "cooldown",
-    common_pb2.PROBE_PHASE_DONE: "done",
-}
-STATUSES: dict[int, str] = {
-    common_pb2.PROBE_STATUS_RUNNING: "running",
-    common_pb2.PROBE_STATUS_SUCCEEDED: "succeeded",
-    common_pb2.PROBE_STATUS_FAILED: "failed",
-    common_pb2.PROBE_STATUS_CANCELLED: "cancelled",
-}
-EVENT_KINDS: dict[int, str] = {
-    telemetry_pb2.PROBE_EVENT_KIND_START: "start",
-    telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE: "phase_change",
-    telemetry_pb2.PROBE_EVENT_KIND_END: "end",
-    telemetry_pb2.PROBE_EVENT_KIND_POINT_REFUSED: "point_refused",
-}
 # `device` tag of trainer points; UNSPECIFIED (an older trainer) writes no tag
 TRAINER_DEVICES: dict[int, str] = {
     telemetry_pb2.TRAINER_DEVICE_CUDA: "cuda",
@@ -922,7 +903,7 @@ class StreamEncoder:
         if not sample.workload:
             problems.sample(MISSING_FIELD, f"{where}: workload is empty")
             return
-        phase = PHASES.get(sample.phase)
+        phase = PHASE_NAMES.get(sample.phase)
         if phase is None:
             problems.sample(MISSING_FIELD, f"{where}: phase is unspecified or unknown ({sample.phase})")
             return
@@ -958,9 +939,9 @@ class StreamEncoder:
             return
         texts = []
         enums: tuple[tuple[str, dict[int, str], int], ...] = (
-            ("kind", EVENT_KINDS, int(event.kind)),
-            ("phase", PHASES, int(event.phase)),
-            ("status", STATUSES, int(event.status)),
+            ("kind", PROBE_EVENT_KIND_NAMES, int(event.kind)),
+            ("phase", PHASE_NAMES, int(event.phase)),
+            ("status", STATUS_NAMES, int(event.status)),
         )
         for what, table, number in enums:
             text = table.get(number)

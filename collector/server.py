@@ -36,9 +36,9 @@ from gpuprobe.collector.encode import StreamEncoder
 from gpuprobe.collector.metrics import Metrics
 from gpuprobe.collector.settings import CollectorSettings
 from gpuprobe.collector.sink import Sink
-from gpuprobe.collector.validate import NS_PER_S, REASON_LABELS, Identity, StreamError, check_hello
 from gpuprobe.collector.wal import WalError, WriteAheadLog
 from gpuprobe.v1 import telemetry_pb2
+from gpuprobe.wire.validate import NS_PER_S, REASON_LABELS, Identity, StreamError, check_hello
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuprobe.collector.sink import SinkSettings
-from gpuprobe.collector.validate import Limits
 from gpuprobe.errors import ConfigError
 from gpuprobe.influx.settings import InfluxSettings
+from gpuprobe.wire.validate import Limits
 
 ACK_MODES = ("wal", "sink")
 

@@ -46,6 +46,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from gpuprobe import workloads
 from gpuprobe.backoff import Backoff
 from gpuprobe.control import mqtt, replay, selector, signing, topics
 from gpuprobe.control.gpus import GpuHealthMap, GpuReader, SensorGpus, describe_health, health_name
@@ -53,7 +54,6 @@ from gpuprobe.control.powerlimit import FILE_NAME as POWER_LIMITS_FILE
 from gpuprobe.control.powerlimit import PowerLimitRefused, PowerLimits, parse_limit
 from gpuprobe.control.probe import PointLimit, ProbePlan, ProbeRun, limit_label
 from gpuprobe.control.settings import MAX_STUDY_POINTS, ControlSettings
-from gpuprobe.trainer import catalog
 from gpuprobe.v1 import common_pb2, control_pb2
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class ControlClient:
         self.results_dir = settings.state_dir / "results"
         self.results_dir.mkdir(parents=True, exist_ok=True)
         self.started_unix_ns = time.time_ns()
-        self.workloads = catalog.runnable_workloads()
+        self.workloads = workloads.runnable_workloads()
         self.probe: ProbeRun | None = None
         self._probe_task: asyncio.Task[None] | None = None
         self._client: Any = None
@@ -456,10 +456,10 @@ class ControlClient:
                 R.REFUSAL_REASON_INVALID_ARGUMENT, f"{len(start.points)} study points; at most {MAX_STUDY_POINTS}"
             )
         for workload in dict.fromkeys([p.workload for p in start.points] or [start.workload]):
-            if catalog.WORKLOADS.get(workload) is None:
+            if workloads.WORKLOADS.get(workload) is None:
                 raise refuse(
                     R.REFUSAL_REASON_UNKNOWN_WORKLOAD,
-                    f"workload {workload!r} is not built in ({', '.join(catalog.WORKLOAD_NAMES)})",
+                    f"workload {workload!r} is not built in ({', '.join(workloads.WORKLOAD_NAMES)})",
                 )
             if workload not in self.workloads:
                 raise refuse(

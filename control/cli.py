@@ -20,10 +20,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gpuprobe import workloads
 from gpuprobe.config import Command, ConfigError, Option, parse_duration
 from gpuprobe.control.mqtt import MQTT_OPTIONS
 from gpuprobe.control.settings import CONTROL_OPTIONS, RETRY_OPTIONS, TRUSTED_KEYS, control_settings
-from gpuprobe.trainer import catalog
 
 log = logging.getLogger("gpuprobe.control")
 
@@ -64,14 +64,14 @@ WAIT = Option("wait", "how long to wait for the agents' replies", parse_duration
 START_OPTIONS = [
     *MQTT_OPTIONS,
     KEY,
-    Option("workload", "the workload: " + ", ".join(catalog.WORKLOAD_NAMES) + " (agents refuse anything else)"),
+    Option("workload", "the workload: " + ", ".join(workloads.WORKLOAD_NAMES) + " (agents refuse anything else)"),
     Option("duration", "steady-load phase", parse_duration),
     Option(
         "nodes",
         "which agents: all, host names, or KEY=VALUE terms (host, cluster, cloud, instance_type, region)",
         default="all",
     ),
-    Option("size", "model size", default="full", choices=list(catalog.SIZES)),
+    Option("size", "model size", default="full", choices=list(workloads.SIZES)),
     Option("batch_size", "samples per step (default: the workload's for the size)", int, metavar="B"),
     Option(
         "start_in",
@@ -205,7 +205,7 @@ def _start(values: dict[str, Any], args: argparse.Namespace) -> int:
     try:
         key = _load_key(name, values)
         if not values["workload"]:
-            raise ConfigError("--workload is required: " + ", ".join(catalog.WORKLOAD_NAMES))
+            raise ConfigError("--workload is required: " + ", ".join(workloads.WORKLOAD_NAMES))
         if values["duration"] is None or values["duration"] <= 0:
             raise ConfigError("--duration S is required and must be positive")
         node_selector = selector.parse(values["nodes"])
@@ -219,7 +219,7 @@ def _start(values: dict[str, Any], args: argparse.Namespace) -> int:
             )
     except (ConfigError, ValueError) as e:
         return _error(name, str(e))
-    if values["workload"] not in catalog.WORKLOADS:
+    if values["workload"] not in workloads.WORKLOADS:
         print(
             f"gpuprobe {name}: warning: {values['workload']!r} is not a workload this CLI knows; agents decide",
             file=sys.stderr,

@@ -1,4 +1,4 @@
-"""What the control plane reads of this node's GPUs, through the agent's GPU sensor.
+"""What the control plane reads of this node's GPUs, through the GPU sensor of ``gpuprobe/nvml/``.
 
 What a probe result needs: the GPUs' static description for the presence message, and readings of
 power (W), temperature (°C) and the energy counter (J) to compute energy per sample, mean and peak
@@ -7,7 +7,8 @@ node has no GPUs: probes run on the CPU and their results carry no energy figure
 A reading the GPU does not support is ``None`` (absent), never 0.
 
 :class:`GpuReader` is what the control plane needs from a node's GPUs. NVML itself is read in one
-place, ``gpuprobe.agent.sensors.gpu`` (the only module that imports pynvml): ``gpuprobe agent
+place, ``gpuprobe.nvml.sensor`` (the NVML boundary below the agent and the control plane, so
+neither imports the other to read a GPU): ``gpuprobe agent
 --broker`` passes an adapter over the samples its own sampler already takes
 (``gpuprobe.agent.fleet.AgentGpus``), so NVML is read once; ``gpuprobe control-agent``, which runs
 without the agent, opens the same sensor for itself (:class:`SensorGpus`).
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpuprobe.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from gpuprobe.agent.sensors.gpu import GpuSensor
+    from gpuprobe.nvml.sensor import GpuSensor
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Reading:
 
     @classmethod
     def from_sample(cls, sample: Mapping[str, Any]) -> Reading:
-        """From one sample of the GPU sensor (``gpuprobe.agent.sensors.gpu``: keys of the ``gpu`` measurement)."""
+        """From one sample of the GPU sensor (``gpuprobe.nvml.sensor``: keys of the ``gpu`` measurement)."""
         temp = sample.get("temp_c")
         return cls(
             time_unix_ns=sample["time_unix_ns"],
@@ -106,7 +107,7 @@ class SensorGpus:
         self._health_lock = threading.Lock()
         self._read_at: dict[int, float] = {}  # monotonic time of each GPU's last read
         try:
-            from gpuprobe.agent.sensors.gpu import GpuSensor
+            from gpuprobe.nvml.sensor import GpuSensor
 
             self._sensor = GpuSensor.open()
         except Exception as e:  # no pynvml, no library, no driver: a node without GPUs

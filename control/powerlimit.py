@@ -18,7 +18,7 @@ new one; :meth:`PowerLimits.restore` puts every changed GPU back after the probe
 and removes the file; and an agent killed with SIGKILL leaves the file, which the next start
 (:meth:`PowerLimits.restore_leftovers`, called by ``ControlClient.run``) restores from.
 
-NVML is reached through the one NVML boundary, :class:`gpuprobe.agent.sensors.gpu.GpuDevice` (pynvml
+NVML is reached through the one NVML boundary, :class:`gpuprobe.nvml.device.GpuDevice` (pynvml
 underneath; ``tests/test_module_graph.py`` keeps pynvml there), opened on first use and kept. Every
 call is blocking (NVML and fsync): the event loop runs them in a thread. A :class:`PowerLimits`
 serialises its own calls.
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from gpuprobe.errors import ProtocolError
 
 if TYPE_CHECKING:
-    from gpuprobe.agent.sensors.gpu import GpuDevice
+    from gpuprobe.nvml.device import GpuDevice
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class PowerLimits:
         """The GPU at NVML index ``index``, opened once (NVML is initialised on first use)."""
         device = self._devices.get(index)
         if device is None:
-            from gpuprobe.agent.sensors.gpu import GpuDevice
+            from gpuprobe.nvml.device import GpuDevice
 
             device = GpuDevice(index)
             self._devices[index] = device
@@ -217,7 +217,7 @@ class PowerLimits:
 
     def _by_uuid(self) -> tuple[dict[str, int], bool]:
         """{UUID: index} of this node's GPUs, and whether every GPU answered (a lost GPU does not)."""
-        from gpuprobe.agent.sensors.gpu import GpuDevice
+        from gpuprobe.nvml.device import GpuDevice
 
         found: dict[str, int] = {}
         complete = True

@@ -36,30 +36,17 @@ from typing import Any
 
 import numpy as np
 
+from gpuprobe import workloads
 from gpuprobe.control.gpus import GpuReader, Reading, Sampler, describe_health
 from gpuprobe.control.powerlimit import PowerLimits
 from gpuprobe.control.settings import TRAINER_COMMAND
 from gpuprobe.energy import window_energy
-from gpuprobe.trainer import catalog
 from gpuprobe.trainer.report import AgentReporter, probe_event_line
 from gpuprobe.v1 import common_pb2, control_pb2
+from gpuprobe.wire.vocabulary import PHASES, STATUSES
 
 log = logging.getLogger(__name__)
 
-PHASE_ENUM = {
-    "pending": common_pb2.PROBE_PHASE_PENDING,
-    "idle": common_pb2.PROBE_PHASE_IDLE_BASELINE,
-    "warmup": common_pb2.PROBE_PHASE_WARMUP,
-    "steady": common_pb2.PROBE_PHASE_STEADY,
-    "cooldown": common_pb2.PROBE_PHASE_COOLDOWN,
-    "done": common_pb2.PROBE_PHASE_DONE,
-}
-STATUS_ENUM = {
-    "running": common_pb2.PROBE_STATUS_RUNNING,
-    "succeeded": common_pb2.PROBE_STATUS_SUCCEEDED,
-    "failed": common_pb2.PROBE_STATUS_FAILED,
-    "cancelled": common_pb2.PROBE_STATUS_CANCELLED,
-}
 
 STOP_GRACE_S = 10.0
 
@@ -154,9 +141,9 @@ class ProbePlan:
 
     def phase_s(self, name: str) -> float:
         defaults = {
-            "idle_baseline_s": catalog.DEFAULT_IDLE_BASELINE_S,
-            "warmup_s": catalog.DEFAULT_WARMUP_S,
-            "cooldown_s": catalog.DEFAULT_COOLDOWN_S,
+            "idle_baseline_s": workloads.DEFAULT_IDLE_BASELINE_S,
+            "warmup_s": workloads.DEFAULT_WARMUP_S,
+            "cooldown_s": workloads.DEFAULT_COOLDOWN_S,
         }
         return float(getattr(self.start, name)) if self.start.HasField(name) else defaults[name]
 
@@ -270,15 +257,15 @@ class ProbeRun:
         return current
 
     def progress(self, status: str = "running") -> control_pb2.ProbeProgress:
-        order = list(PHASE_ENUM)
+        order = list(PHASES)
         trainers = self._current()
         phase = min((t.phase for t in trainers), key=order.index)
         msg = control_pb2.ProbeProgress(
             probe_id=self.probe_id,
             host=self.host,
             time_unix_ns=time.time_ns(),
-            phase=PHASE_ENUM[phase],
-            status=STATUS_ENUM[status],
+            phase=PHASES[phase],
+            status=STATUSES[status],
             step=min(t.step for t in trainers),
             started_unix_ns=self._started_unix_ns,
             workload=self.segments[trainers[0].segment].workload if self.plan.is_study else self.plan.start.workload,
@@ -517,7 +504,7 @@ class ProbeRun:
         result = control_pb2.ProbeResult(
             probe_id=self.probe_id,
             host=self.host,
-            status=STATUS_ENUM[status],
+            status=STATUSES[status],
             message="; ".join(dict.fromkeys(messages))[:4096],
             workload=",".join(self.plan.workloads),
             size=control_pb2.WORKLOAD_SIZE_TINY if self.plan.size == "tiny" else control_pb2.WORKLOAD_SIZE_FULL,

@@ -31,9 +31,9 @@ module (``gpuprobe.`` left out; ``agent/…`` is ``gpuprobe.agent``) and when it
     │   │   │                                  writable, or another running agent holds it)
     │   │   └── SpoolDiskFull                  agent/spool.py: no room for a batch on the spool's disk
     │   ├── WalError (RuntimeError)            collector/wal.py: the WAL cannot be opened or written
-    │   ├── GpuSensorError (RuntimeError)      agent/sensors/gpu.py: NVML cannot be used at all (no
+    │   ├── GpuSensorError (RuntimeError)      nvml/errors.py: NVML cannot be used at all (no
     │   │                                      library, no driver); the agent runs without GPUs
-    │   ├── NvmlCallError (RuntimeError)       agent/sensors/gpu.py: one NVML call outside the sampler
+    │   ├── NvmlCallError (RuntimeError)       nvml/errors.py: one NVML call outside the sampler
     │   │                                      failed (a trainer's clock read, a power limit set)
     │   ├── SimStateError (RuntimeError)       sim/state.py: no simulated machine, or a bad one, in a
     │   │                                      state directory
@@ -50,7 +50,7 @@ module (``gpuprobe.`` left out; ``agent/…`` is ``gpuprobe.agent``) and when it
     │       └── _AddressInUse                  devservices/_process.py: the server's port was taken
     │                                          during its start (the start is retried on new ports)
     ├── ProtocolError                          errors.py: a wire or control contract violated
-    │   ├── StreamError                        collector/validate.py: ends an agent's telemetry stream
+    │   ├── StreamError                        wire/validate.py: ends an agent's telemetry stream
     │   │                                      with a gRPC status (docs/wire.md)
     │   ├── SessionError                       agent/uplink.py: ends one uplink session to a collector
     │   ├── Refusal                            control/signing.py: an agent refuses a probe command,

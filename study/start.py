@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprobe.config import ConfigError, Option, parse_duration
 from gpuprobe.control.settings import MAX_STUDY_POINTS
-from gpuprobe.trainer import catalog
+from gpuprobe.workloads import (
+    DEFAULT_COOLDOWN_S,
+    DEFAULT_IDLE_BASELINE_S,
+    DEFAULT_WARMUP_S,
+    SIZES,
+    WORKLOAD_NAMES,
+    WORKLOADS,
+    parse_batch_sizes,
+)
 
 if TYPE_CHECKING:
     from gpuprobe.v1 import control_pb2
@@ -47,13 +55,11 @@ def parse_power_limits(text: str) -> tuple[str, ...]:
 STUDY_OPTIONS = [
     Option(
         "workloads",
-        "workloads to compare: " + ", ".join(n for n in catalog.WORKLOAD_NAMES if n != "idle"),
+        "workloads to compare: " + ", ".join(n for n in WORKLOAD_NAMES if n != "idle"),
         _names,
         metavar="W[,W...]",
     ),
-    Option(
-        "batch_sizes", "batch sizes (samples per step) of every workload", catalog.parse_batch_sizes, metavar="B[,B...]"
-    ),
+    Option("batch_sizes", "batch sizes (samples per step) of every workload", parse_batch_sizes, metavar="B[,B...]"),
     Option(
         "power_limits",
         "GPU power limits: percent of each GPU's maximum limit (60%%) or watts (250W); `default` runs at the "
@@ -71,7 +77,7 @@ STUDY_OPTIONS = [
         "which agents: all, host names, or KEY=VALUE terms (host, cluster, cloud, instance_type, region)",
         default="all",
     ),
-    Option("size", "model size", default="full", choices=list(catalog.SIZES)),
+    Option("size", "model size", default="full", choices=list(SIZES)),
     Option(
         "start_in",
         "synchronized start this long after now; leave the nodes time to load torch and build the models",
@@ -94,7 +100,7 @@ class Matrix:
 
     def batch_sizes_of(self, workload: str) -> tuple[int, ...]:
         """``--batch-sizes``, or the workload's own default batch for the size."""
-        return self.batch_sizes or (catalog.WORKLOADS[workload].default_batch[self.size],)
+        return self.batch_sizes or (WORKLOADS[workload].default_batch[self.size],)
 
     def points(self) -> list[tuple[str, str, int]]:
         return [(w, limit, b) for w in self.workloads for limit in self.power_limits for b in self.batch_sizes_of(w)]
@@ -105,9 +111,9 @@ def matrix(values: dict[str, Any]) -> Matrix:
     workloads = values["workloads"]
     if not workloads:
         raise ConfigError("--workloads is required, for example --workloads resnet50,bert-base")
-    unknown = [w for w in workloads if w not in catalog.WORKLOADS or w == "idle"]
+    unknown = [w for w in workloads if w not in WORKLOADS or w == "idle"]
     if unknown:
-        runnable = ", ".join(n for n in catalog.WORKLOAD_NAMES if n != "idle")
+        runnable = ", ".join(n for n in WORKLOAD_NAMES if n != "idle")
         raise ConfigError(f"unknown or untrainable workload(s) {', '.join(unknown)}; built in: {runnable}")
     limits = tuple(values["power_limits"] or ("default",))
     found = Matrix(tuple(workloads), limits, tuple(values["batch_sizes"] or ()), values["size"])
@@ -119,9 +125,9 @@ def matrix(values: dict[str, Any]) -> Matrix:
 
 def phase_total_s(values: dict[str, Any], count: int) -> float:
     """The study's planned length (with the trainer's defaults for phases not given)."""
-    idle = values["idle_baseline"] if values["idle_baseline"] is not None else catalog.DEFAULT_IDLE_BASELINE_S
-    warmup = values["warmup"] if values["warmup"] is not None else catalog.DEFAULT_WARMUP_S
-    cooldown = values["cooldown"] if values["cooldown"] is not None else catalog.DEFAULT_COOLDOWN_S
+    idle = values["idle_baseline"] if values["idle_baseline"] is not None else DEFAULT_IDLE_BASELINE_S
+    warmup = values["warmup"] if values["warmup"] is not None else DEFAULT_WARMUP_S
+    cooldown = values["cooldown"] if values["cooldown"] is not None else DEFAULT_COOLDOWN_S
     return float(idle + count * (warmup + values["duration"]) + cooldown)
 
 

@@ -77,7 +77,7 @@ def exception_classes() -> list[Defined]:
 @dataclass(frozen=True)
 class Node:
     name: str
-    path: str  # the module's file, relative to the package ("collector/validate.py")
+    path: str  # the module's file, relative to the package ("wire/validate.py")
     parent: str | None
 
 

@@ -11,7 +11,10 @@ its parent packages, whose ``__init__`` files import nothing eagerly.
 - only the entry point (``gpuprobe/__main__.py``; the ``gpuprobe`` script calls ``gpuprobe.cli:main``)
   imports the dispatcher ``gpuprobe/cli.py``, and only a ``cli`` module imports another ``cli`` module:
   what several commands share lives in a non-CLI module (``gpuprobe/config.py``, ``control/settings.py``);
-- one NVML boundary: only ``agent/sensors/gpu.py`` imports ``pynvml`` (the simulator package does not
+- parts import downward only: every import from one part into another is one that the table "Allowed
+  imports" of docs/architecture.md allows (the test reads the table from there, so the docs and the
+  test cannot disagree), and there is no cycle between parts;
+- one NVML boundary: only ``gpuprobe/nvml/`` imports ``pynvml`` (the simulator package does not
   need to; tests and benchmarks read NVML directly, as peers do);
 - and every module imports (in a child interpreter, the way a user's program would).
 """
@@ -19,6 +22,7 @@ its parent packages, whose ``__init__`` files import nothing eagerly.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -32,7 +36,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINT = "gpuprobe.__main__"
 DISPATCHER = "gpuprobe.cli"
-NVML_BOUNDARY = {"gpuprobe.agent.sensors.gpu"}
+NVML_PACKAGE = "gpuprobe.nvml"
+NVML_SENSOR = "gpuprobe.nvml.sensor"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
 def package_modules() -> dict[str, Path]:
@@ -128,7 +134,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_graph_covers_the_package() -> None:
-    for module in (DISPATCHER, ENTRY_POINT, "gpuprobe.config", *NVML_BOUNDARY, "gpuprobe.control.settings"):
+    for module in (DISPATCHER, ENTRY_POINT, "gpuprobe.config", NVML_SENSOR, "gpuprobe.control.settings"):
         assert module in MODULES, module
     assert GRAPH[ENTRY_POINT] == {DISPATCHER}
     assert {"gpuprobe.agent.cli", "gpuprobe.control.cli", "gpuprobe.demo"} <= GRAPH[DISPATCHER]  # lazy imports count
@@ -158,9 +164,113 @@ def test_only_cli_modules_import_cli_modules() -> None:
     assert not bad, f"non-CLI modules that import a CLI module:\n{_where(bad)}"
 
 
-def test_one_module_imports_pynvml() -> None:
+def test_only_the_nvml_package_imports_pynvml() -> None:
     importers = [i for i in IMPORTS if i.target.split(".")[0] == "pynvml"]
-    assert {i.importer for i in importers} == NVML_BOUNDARY, _where(importers)
+    outside = [i for i in importers if i.importer.rpartition(".")[0] != NVML_PACKAGE]
+    assert not outside, f"only {NVML_PACKAGE} may import pynvml:\n{_where(outside)}"
+    assert NVML_SENSOR in {i.importer for i in importers}  # the check looks at the right place
+
+
+# --- parts ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    where: tuple[str, ...]  # folders (ending in /) and files, relative to the repository root
+    may_import: frozenset[str] | None  # None: every part
+
+
+def read_parts(text: str) -> dict[str, Part]:
+    """The table under "### Allowed imports" of docs/architecture.md: part, its modules, what it may import."""
+    section = text[text.index("### Allowed imports") :]
+    rows = re.findall(r"^\| *(\w[\w ]*?) *\| *(.+?) *\| *(.+?) *\|$", section, re.MULTILINE)
+    parts: dict[str, Part] = {}
+    for name, where, may in rows:
+        if name == "part":
+            continue  # the header
+        paths = tuple(w for w in re.findall(r"`([^`]+)`", where) if "/" in w)  # `config` etc. are notes
+        allowed = None if may == "every part" else frozenset(re.findall(r"`(\w+)`", may))
+        parts[name] = Part(name, paths, allowed)
+    return parts
+
+
+PARTS = read_parts(ARCHITECTURE.read_text(encoding="utf-8"))
+
+
+def part_of(module: str) -> str:
+    """The part whose most specific ``where`` holds the module's file."""
+    path = MODULES[module].relative_to(ROOT).as_posix()
+    best = max(
+        (
+            (len(w), p.name)
+            for p in PARTS.values()
+            for w in p.where
+            if path == w or (w.endswith("/") and path.startswith(w))
+        ),
+        default=None,
+    )
+    assert best is not None, f"{path} is in no part of the table in docs/architecture.md"
+    return best[1]
+
+
+def part_imports(imports: list[Import]) -> list[tuple[str, str, Import]]:
+    """(importer's part, imported part, the import) for every import of one part from another."""
+    found = []
+    for i in imports:
+        if i.target in MODULES and i.target != i.importer:
+            a, b = part_of(i.importer), part_of(i.target)
+            if a != b:
+                found.append((a, b, i))
+    return found
+
+
+def forbidden(imports: list[Import]) -> list[str]:
+    """``file:line: part imports part (module)`` for each import between parts the table does not allow."""
+    lines = [
+        f"{MODULES[i.importer].relative_to(ROOT)}:{i.line}: {a} imports {b} ({i.target})"
+        for a, b, i in part_imports(imports)
+        if PARTS[a].may_import is not None and b not in (PARTS[a].may_import or ())
+    ]
+    return list(dict.fromkeys(lines))  # one line per statement, not per imported name
+
+
+def test_the_parts_table_is_whole() -> None:
+    """Every module is in one part, every part named in the table is a row, the table itself has no cycle."""
+    assert {"top", "agent", "collector", "control", "trainer", "sim", "nvml", "wire", "core"} <= set(PARTS)
+    for module in MODULES:
+        part_of(module)
+    for part in PARTS.values():
+        assert part.where, part.name
+        unknown = (part.may_import or frozenset()) - set(PARTS)
+        assert not unknown, f"{part.name} may import {sorted(unknown)}: no such part"
+    table = {p.name: set(p.may_import) if p.may_import is not None else set() for p in PARTS.values()}
+    cycle = find_cycle(table)
+    assert cycle is None, "the table allows a cycle: " + " -> ".join(cycle or [])
+    top = [p.name for p in PARTS.values() if p.may_import is None]
+    assert top == ["top"], top
+    assert not any("top" in deps for deps in table.values())  # nothing imports the top floor
+
+
+def test_forbidden_sees_an_upward_import() -> None:
+    """The old agent <-> control cycle: the control plane reaching into the agent is refused, the
+    agent embedding the control plane is allowed."""
+    up = Import("gpuprobe.control.gpus", "gpuprobe.agent.service", 1)
+    down = Import("gpuprobe.agent.service", "gpuprobe.control.gpus", 1)
+    assert forbidden([up, down]) == ["control/gpus.py:1: control imports agent (gpuprobe.agent.service)"]
+
+
+def test_parts_import_only_what_the_table_allows() -> None:
+    bad = forbidden(IMPORTS)
+    assert not bad, "imports between parts that docs/architecture.md does not allow:\n" + "\n".join(bad)
+
+
+def test_no_cycles_between_parts() -> None:
+    graph: dict[str, set[str]] = {name: set() for name in PARTS}
+    for a, b, _ in part_imports(IMPORTS):
+        graph[a].add(b)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between parts: " + " -> ".join(cycle or [])
 
 
 def test_every_module_imports() -> None:

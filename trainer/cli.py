@@ -16,8 +16,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from gpuprobe import workloads
 from gpuprobe.config import Command, Option, parse_duration
-from gpuprobe.trainer import catalog
 
 
 def parse_start_at(text: str) -> int:
@@ -35,18 +35,18 @@ def parse_start_at(text: str) -> int:
 
 
 TRAIN_OPTIONS = [
-    Option("workload", "the workload: " + ", ".join(catalog.WORKLOAD_NAMES), choices=list(catalog.WORKLOAD_NAMES)),
+    Option("workload", "the workload: " + ", ".join(workloads.WORKLOAD_NAMES), choices=list(workloads.WORKLOAD_NAMES)),
     Option(
         "size",
         "model size: tiny (seconds on a CPU) or full (the standard model)",
         default="full",
-        choices=list(catalog.SIZES),
+        choices=list(workloads.SIZES),
     ),
     Option("device", "auto, cpu, cuda or cuda:N (a simulated GPU when GPUPROBE_SIM_DIR has one)", default="auto"),
     Option(
         "batch_size",
         "samples per step, or a sweep such as 8,16,32 (default: the workload's for the size)",
-        catalog.parse_batch_sizes,
+        workloads.parse_batch_sizes,
         metavar="B[,B...]",
     ),
     Option(
@@ -59,21 +59,21 @@ TRAIN_OPTIONS = [
         "duration",
         "steady-load phase per batch size",
         parse_duration,
-        catalog.DEFAULT_DURATION_S,
+        workloads.DEFAULT_DURATION_S,
     ),
     Option(
         "idle_baseline",
         "idle baseline before the load",
         parse_duration,
-        catalog.DEFAULT_IDLE_BASELINE_S,
+        workloads.DEFAULT_IDLE_BASELINE_S,
     ),
     Option(
         "warmup",
         "warm-up before each steady phase (excluded from the results)",
         parse_duration,
-        catalog.DEFAULT_WARMUP_S,
+        workloads.DEFAULT_WARMUP_S,
     ),
-    Option("cooldown", "cool-down after the load", parse_duration, catalog.DEFAULT_COOLDOWN_S),
+    Option("cooldown", "cool-down after the load", parse_duration, workloads.DEFAULT_COOLDOWN_S),
     Option(
         "agent_socket",
         "the local agent's trainer socket; progress goes there too (default: none)",
@@ -173,10 +173,11 @@ def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
 
     if not values["workload"]:
         print(
-            "gpuprobe train: error: --workload is required (" + ", ".join(catalog.WORKLOAD_NAMES) + ")", file=sys.stderr
+            "gpuprobe train: error: --workload is required (" + ", ".join(workloads.WORKLOAD_NAMES) + ")",
+            file=sys.stderr,
         )
         return 2
-    spec = catalog.WORKLOADS[values["workload"]]
+    spec = workloads.WORKLOADS[values["workload"]]
     batch_sizes: tuple[int, ...] = values["batch_size"] or ()
     if values["sweep"]:
         if batch_sizes:
@@ -193,7 +194,7 @@ def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"gpuprobe train: error: {e}", file=sys.stderr)
             return 2
-    if spec.needs_torch and not catalog.torch_available():
+    if spec.needs_torch and not workloads.torch_available():
         print(
             f"gpuprobe train: error: {spec.name} needs torch, torchvision and transformers: "
             "pip install 'gpuprobe[trainer]'",

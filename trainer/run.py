@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuprobe import workloads
 from gpuprobe.errors import ServiceError
-from gpuprobe.trainer import catalog, device, simgpu
+from gpuprobe.trainer import device, simgpu
 from gpuprobe.trainer.report import AgentReporter, probe_event_line, progress_line
 
 log = logging.getLogger(__name__)
@@ -111,10 +112,10 @@ class TrainSettings:
     size: str = "full"
     device: str = "auto"
     batch_sizes: tuple[int, ...] = ()  # empty: the workload's default for the size
-    duration_s: float = catalog.DEFAULT_DURATION_S
-    idle_baseline_s: float = catalog.DEFAULT_IDLE_BASELINE_S
-    warmup_s: float = catalog.DEFAULT_WARMUP_S
-    cooldown_s: float = catalog.DEFAULT_COOLDOWN_S
+    duration_s: float = workloads.DEFAULT_DURATION_S
+    idle_baseline_s: float = workloads.DEFAULT_IDLE_BASELINE_S
+    warmup_s: float = workloads.DEFAULT_WARMUP_S
+    cooldown_s: float = workloads.DEFAULT_COOLDOWN_S
     probe_id: str = ""
     agent_socket: Path | None = None
     start_at_unix_ns: int = 0  # 0: now
@@ -124,9 +125,9 @@ class TrainSettings:
     plan: tuple[PlanPoint, ...] = ()  # a study's points for this run (empty: the batch sizes, in order)
 
     def validate(self) -> None:
-        if self.workload not in catalog.WORKLOADS:
-            raise ValueError(f"unknown workload {self.workload!r}; built in: {', '.join(catalog.WORKLOAD_NAMES)}")
-        if self.size not in catalog.SIZES:
+        if self.workload not in workloads.WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; built in: {', '.join(workloads.WORKLOAD_NAMES)}")
+        if self.size not in workloads.SIZES:
             raise ValueError(f"size must be tiny or full, not {self.size!r}")
         if not self.duration_s > 0 or not math.isfinite(self.duration_s):
             raise ValueError(f"the steady phase needs a positive duration, not {self.duration_s}")
@@ -142,7 +143,7 @@ class TrainSettings:
     def resolved_batch_sizes(self) -> tuple[int, ...]:
         if self.plan:
             return tuple(p.batch_size for p in self.plan)
-        return self.batch_sizes or (catalog.WORKLOADS[self.workload].default_batch[self.size],)
+        return self.batch_sizes or (workloads.WORKLOADS[self.workload].default_batch[self.size],)
 
     def points(self) -> tuple[PlanPoint, ...]:
         """What this run executes: the plan, or one point per batch size in slots 0, 1, ..."""
@@ -218,7 +219,7 @@ class Run:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self.spec = catalog.WORKLOADS[self.config.workload]
+        self.spec = workloads.WORKLOADS[self.config.workload]
         self.reporter = AgentReporter(self.config.agent_socket) if self.config.agent_socket else None
         self.phase = "pending"
         self.phases: list[dict[str, Any]] = []

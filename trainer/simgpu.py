@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gpuprobe.sim import state as sim_state
 from gpuprobe.sim.profiles import WORKLOAD_IDS
-from gpuprobe.trainer.catalog import WORKLOADS
+from gpuprobe.workloads import WORKLOADS
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class SimThroughput:
     machine (``LD_LIBRARY_PATH`` points at the simulator's library)."""
 
     def __init__(self, target: SimGpuTarget, workload: str, size: str) -> None:
-        from gpuprobe.agent.sensors.gpu import GpuDevice
+        from gpuprobe.nvml.device import GpuDevice
         from gpuprobe.sim import perf
 
         self._perf = perf

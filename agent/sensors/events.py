@@ -1,7 +1,7 @@
 """GPU events: NVML's event set (XID, ECC, clock and power source changes) read in a thread of its own.
 
 :class:`EventThread` waits on one NVML event set (:meth:`GpuSensor.open_events
-<gpuprobe.agent.sensors.gpu.GpuSensor.open_events>`: every known GPU, registered for the subset of
+<gpuprobe.nvml.sensor.GpuSensor.open_events>`: every known GPU, registered for the subset of
 :data:`EVENT_TYPES` it supports) with a timeout of :data:`WAIT_MS` (a stop waits at most that long: the
 service joins the thread for 2 s; NVML's wait blocks until an event, so each timeout is one wake-up), turns
 each event into a ``GpuEvent`` stamped ``time.time_ns()`` at receipt, and hands it to ``sink`` (the
@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpuprobe.agent.sensors.gpu import EventSource, RawEvent
+from gpuprobe.nvml.sensor import EventSource, RawEvent
 from gpuprobe.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprobe.agent.sensors.gpu import ProcessRead
+from gpuprobe.nvml.sensor import ProcessRead
 from gpuprobe.v1 import telemetry_pb2
 
 log = logging.getLogger(__name__)

@@ -213,7 +213,7 @@ def test_field_values_unpacked_in_one_go_read_as_pynvml_reads_them() -> None:
 
     import pynvml
 
-    from gpuprobe.agent.sensors.gpu import _FIELD_VALUE, _field_value, _plain, _unpacked_int
+    from gpuprobe.nvml.sensor import _FIELD_VALUE, _field_value, _plain, _unpacked_int
 
     assert _FIELD_VALUE.size == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
     cases = [  # valueType, union member, value

@@ -18,8 +18,8 @@ from agent_helpers import AgentFactory, Receiver, batch_samples, machine, unique
 
 from gpuprobe.agent.health import DEGRADED, FAILED, HEALTHY, HealthTracker
 from gpuprobe.agent.sensors.events import lost_event, xid_text
-from gpuprobe.agent.sensors.gpu import ProcessRead
 from gpuprobe.agent.sensors.processes import ProcessTracker
+from gpuprobe.nvml.sensor import ProcessRead
 from gpuprobe.sim import state
 from gpuprobe.v1 import telemetry_pb2
 

@@ -10,9 +10,9 @@ import pytest
 
 from gpuprobe.agent.trainer_input import BadMessage, parse_line
 from gpuprobe.collector.encode import StreamEncoder
-from gpuprobe.collector.validate import Identity, Limits
 from gpuprobe.trainer.report import probe_event_line, progress_line
 from gpuprobe.v1 import telemetry_pb2
+from gpuprobe.wire.validate import Identity, Limits
 
 NOW_NS = time.time_ns()
 IDENTITY = Identity(agent_id="a1", host="node-1", cluster="c1", virt="vgpu")

@@ -17,8 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuprobe.collector.encode import GPU_SPECS, StreamEncoder, resolution_tag
-from gpuprobe.collector.loadgen import AgentSpec, SampleFactory, SyntheticAgent, aggregate
-from gpuprobe.collector.validate import (
+from gpuprobe.devservices import InfluxDBDatabase
+from gpuprobe.loadgen import AgentSpec, SampleFactory, SyntheticAgent, aggregate
+from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import (
     INVALID_STRING,
     MISSING_FIELD,
     NON_FINITE_VALUE,
@@ -28,8 +30,6 @@ from gpuprobe.collector.validate import (
     Limits,
     Problems,
 )
-from gpuprobe.devservices import InfluxDBDatabase
-from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 NOW_NS = time.time_ns()
 START_NS = NOW_NS // 10**9 * 10**9 - 10 * 10**9

@@ -14,14 +14,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpuprobe.collector.encode import GPU_HEALTH_FIELDS, GPU_SPECS, StreamEncoder
-from gpuprobe.collector.validate import (
-    INVALID_STRING,
-    Identity,
-    Limits,
-    StreamError,
-    check_hello,
-    clean_string_field,
-)
 from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.influx.lineprotocol import (
     UnrepresentableError,
@@ -33,6 +25,14 @@ from gpuprobe.influx.lineprotocol import (
 )
 from gpuprobe.influx.storable import tag_value_problem
 from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import (
+    INVALID_STRING,
+    Identity,
+    Limits,
+    StreamError,
+    check_hello,
+    clean_string_field,
+)
 
 NOW_NS = time.time_ns()
 IDENTITY = Identity(agent_id="a1", host="node-1", cluster="c1", virt="passthrough")

@@ -21,10 +21,10 @@ import pytest
 import support
 from collector_helpers import CollectorProcess, collector_config, running, wait_until
 
-from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.sink import SinkSettings
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
 from gpuprobe.devservices.disks import SmallDisk
+from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import telemetry_pb2
 
 Sent = dict[str, list[telemetry_pb2.GpuSample]]

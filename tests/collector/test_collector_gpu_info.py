@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 
 from gpuprobe.collector.encode import StreamEncoder
-from gpuprobe.collector.validate import INVALID_STRING, TIMESTAMP_OUT_OF_RANGE, Identity, Limits, Problems
 from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import INVALID_STRING, TIMESTAMP_OUT_OF_RANGE, Identity, Limits, Problems
 
 NOW_NS = time.time_ns()
 IDENTITY = Identity(agent_id="a1", host="node-1", cluster="c1", virt="bare_metal")

@@ -13,8 +13,10 @@ import pytest
 from collector_helpers import collector_config, running, wait_until
 
 from gpuprobe.collector.encode import GPU_HEALTH_FIELDS, StreamEncoder
-from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
-from gpuprobe.collector.validate import (
+from gpuprobe.devservices import InfluxDBDatabase
+from gpuprobe.loadgen import AgentSpec, SyntheticAgent
+from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import (
     INVALID_STRING,
     MISSING_FIELD,
     NON_FINITE_VALUE,
@@ -24,8 +26,6 @@ from gpuprobe.collector.validate import (
     Limits,
     Problems,
 )
-from gpuprobe.devservices import InfluxDBDatabase
-from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 NOW_NS = time.time_ns()
 T = NOW_NS - 5_000_000_000

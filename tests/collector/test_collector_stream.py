@@ -19,11 +19,11 @@ from collector_helpers import LoopThread, collector_config, raw_exchange, runnin
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuprobe.collector.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.runner import Collector
-from gpuprobe.collector.validate import Limits
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
+from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import Limits
 
 FIELDS = [
     "util_pct",

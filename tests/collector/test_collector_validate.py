@@ -9,7 +9,8 @@ import grpc
 import pytest
 
 from gpuprobe.collector.encode import StreamEncoder
-from gpuprobe.collector.validate import (
+from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import (
     MISSING_FIELD,
     NON_FINITE_VALUE,
     TIMESTAMP_OUT_OF_RANGE,
@@ -19,7 +20,6 @@ from gpuprobe.collector.validate import (
     StreamError,
     check_hello,
 )
-from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 NOW_NS = time.time_ns()
 S = 1_000_000_000

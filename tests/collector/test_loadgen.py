@@ -12,8 +12,8 @@ import grpc.aio
 import pytest
 import support
 
-from gpuprobe.collector.loadgen import METHOD, AgentSpec, SyntheticAgent
 from gpuprobe.devservices.ports import LOOPBACK
+from gpuprobe.loadgen import METHOD, AgentSpec, SyntheticAgent
 from gpuprobe.v1 import telemetry_pb2
 
 ABORT_MESSAGE = "the first stream is aborted on purpose"

@@ -13,8 +13,8 @@ import grpc.aio
 import pytest
 
 from gpuprobe.agent.uplink import first_choice
-from gpuprobe.collector.loadgen import METHOD, AgentSpec, SyntheticAgent
 from gpuprobe.devservices.ports import LOOPBACK
+from gpuprobe.loadgen import METHOD, AgentSpec, SyntheticAgent
 from gpuprobe.v1 import telemetry_pb2
 
 

@@ -101,7 +101,7 @@ class Node:
         if as_nobody:
             # what the child needs loads first: nobody cannot read this interpreter's standard library either
             code = (
-                "import binascii, pwd, gpuprobe.agent.sensors.gpu\n"
+                "import binascii, pwd, gpuprobe.nvml.sensor, gpuprobe.nvml.device\n"
                 f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n" + textwrap.dedent(code)
             )
         done = subprocess.run(self._args(code), env=self.env(), capture_output=True, text=True, timeout=timeout)

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuprobe.collector.encode import StreamEncoder
-from gpuprobe.collector.validate import Identity, Limits
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.v1 import common_pb2, telemetry_pb2
+from gpuprobe.wire.validate import Identity, Limits
 
 S = 10**9
 SPAN_S = 240

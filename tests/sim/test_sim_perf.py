@@ -28,7 +28,8 @@ from gpuprobe.sim.profiles import (
     with_overrides,
 )
 from gpuprobe.sim.runner import SimMachine, open_machine
-from gpuprobe.trainer.catalog import WORKLOADS
+from gpuprobe.trainer import costs
+from gpuprobe.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "simulator.md"
@@ -46,7 +47,7 @@ def test_cached_costs_match_the_real_models() -> None:
     pytest.importorskip("torchvision")
     pytest.importorskip("transformers")
     keys = [f"{w}/tiny" for w, spec in WORKLOADS.items() if spec.needs_torch] + ["resnet50/full"]
-    fresh = perf.compute_costs(only=keys)["workloads"]
+    fresh = costs.compute_costs(only=keys)["workloads"]
     cached = json.loads(perf.COSTS_PATH.read_text())["workloads"]
     assert sorted(fresh) == sorted(keys)
     for key in keys:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuprobe.trainer import catalog
+from gpuprobe import workloads
 from gpuprobe.trainer.models import build_model, parameter_count
 
 # The standard models' parameter counts (random-weight builds from their default configurations).
@@ -39,6 +39,6 @@ def test_tiny_is_a_small_model_of_the_same_architecture(workload: str) -> None:
 
 
 def test_the_catalog_lists_exactly_the_built_in_workloads() -> None:
-    assert catalog.WORKLOAD_NAMES == ("resnet50", "bert-base", "gpt", "matmul-burn", "idle")
-    assert catalog.runnable_workloads() == list(catalog.WORKLOAD_NAMES)  # torch is installed here
-    assert not catalog.WORKLOADS["idle"].needs_torch
+    assert workloads.WORKLOAD_NAMES == ("resnet50", "bert-base", "gpt", "matmul-burn", "idle")
+    assert workloads.runnable_workloads() == list(workloads.WORKLOAD_NAMES)  # torch is installed here
+    assert not workloads.WORKLOADS["idle"].needs_torch

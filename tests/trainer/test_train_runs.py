@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuprobe.trainer import catalog
+from gpuprobe import workloads
 from gpuprobe.trainer.run import TrainSettings, run
 
 
@@ -26,7 +26,7 @@ def test_each_workload_trains_its_tiny_model_on_the_cpu(workload: str) -> None:
     result, events = _run(workload=workload, duration_s=1.5, idle_baseline_s=0, warmup_s=0.3, cooldown_s=0)
     assert result["status"] == "succeeded", result["message"]
     (point,) = result["points"]
-    assert point["batch_size"] == catalog.WORKLOADS[workload].default_batch["tiny"]
+    assert point["batch_size"] == workloads.WORKLOADS[workload].default_batch["tiny"]
     assert point["steps"] >= 3
     assert point["samples"] == point["steps"] * point["batch_size"]
     assert point["samples_per_s"] == pytest.approx(point["samples"] / point["steady_s"])
@@ -124,7 +124,7 @@ def test_train_command_text_summary_and_sweep(train: Any) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "matmul-burn (tiny" in done.stdout and "succeeded" in done.stdout
-    for batch in catalog.WORKLOADS["matmul-burn"].sweep["tiny"]:
+    for batch in workloads.WORKLOADS["matmul-burn"].sweep["tiny"]:
         assert any(line.split()[:1] == [str(batch)] for line in done.stdout.splitlines()), done.stdout
 
 

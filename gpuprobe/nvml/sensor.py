@@ -1,8 +1,10 @@
-"""GPU sensor: every field of the ``gpu`` measurement, read through NVML. The only module that imports pynvml.
+"""Part: nvml (ground floor). GPU sensor: every field of the ``gpu`` measurement, read through NVML.
 
 The agent's sampler reads it (:meth:`GpuSensor.read_all`), and so does the control plane of a node
 that runs ``gpuprobe control-agent`` (:meth:`GpuSensor.read_gpu`, through ``gpuprobe.control.gpus``):
-one NVML boundary, one translation of NVML's errors (``tests/test_module_graph.py`` checks it).
+one NVML boundary (``gpuprobe/nvml/``, the only package that imports pynvml), one translation of
+NVML's errors (:mod:`gpuprobe.nvml.errors`; ``tests/test_module_graph.py`` checks the boundary).
+It sits below the agent and the control plane so that neither imports the other to read a GPU.
 
 Static facts (:class:`~gpuprobe.v1.common_pb2.GpuInfo`) are read once per GPU when the sensor opens,
 through pynvml's ordinary wrappers. The per-sample path is the hot path (10-50 reads per GPU per
@@ -66,7 +68,7 @@ nvlink_tx/rx_bytes_per_s               fields 138/139 NVLINK_THROUGHPUT_DATA_TX/
 MIG GPU instances (:class:`MigRead`, MIG-enabled GPUs only), the compute processes
 (:meth:`GpuSensor.read_processes`, :meth:`GpuSensor.read_process_utilization`) and NVML's event set
 (:class:`EventSource`, waited on by :mod:`gpuprobe.agent.sensors.events` in its own thread) are read
-here too, so that this stays the one module that imports pynvml. ``GpuInfo.mig_enabled`` and
+here too, so that NVML stays behind one boundary. ``GpuInfo.mig_enabled`` and
 ``GpuInfo.gpm_supported`` are static facts.
 
 Errors are translated here, once:
@@ -98,20 +100,22 @@ from typing import Any
 
 import pynvml
 
-from gpuprobe.errors import ServiceError
+from gpuprobe.nvml.errors import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
+    NVML_SUCCESS,
+    GpuSensorError,
+    error_name,
+    text,
+)
 from gpuprobe.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
 Sample = dict[str, Any]  # keyword arguments of gpuprobe.v1.GpuSample
-
-NVML_SUCCESS = 0
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_FUNCTION_NOT_FOUND = 13
-NVML_ERROR_GPU_IS_LOST = 15
-NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
-NVML_ERROR_NOT_FOUND = 6
-NVML_ERROR_TIMEOUT = 10
 
 FIELD_MEMORY_TEMP = 82
 FIELD_TOTAL_ENERGY_CONSUMPTION = 83
@@ -162,17 +166,6 @@ VIRTUALIZATION_MODES: dict[int, common_pb2.Virtualization] = {
     3: common_pb2.VIRTUALIZATION_HOST_VGPU,
     4: common_pb2.VIRTUALIZATION_HOST_VGPU,
 }
-
-
-class GpuSensorError(ServiceError, RuntimeError):
-    """NVML cannot be used at all (no library, no driver): the agent runs without GPUs."""
-
-
-def _error_name(code: int) -> str:
-    try:
-        return str(pynvml.NVMLError(code))
-    except Exception:  # pragma: no cover - pynvml formats every code it knows
-        return f"NVML error {code}"
 
 
 @functools.cache
@@ -437,7 +430,7 @@ class GpuSensor:
         except pynvml.NVMLError as e:
             raise GpuSensorError(f"NVML is not available: {e}") from None
         try:
-            driver = _text(pynvml.nvmlSystemGetDriverVersion())
+            driver = text(pynvml.nvmlSystemGetDriverVersion())
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as e:
             raise GpuSensorError(f"NVML is not usable: {e}") from None
@@ -680,7 +673,7 @@ class GpuSensor:
         gpu.unsupported.add(key)
         if key == "power_limit_w" and not gpu.limit_fallback:
             return  # the enforced power limit is tried instead
-        log.info("%s: %s is not supported (%s: %s); the field is left out", gpu.label, key, what, _error_name(code))
+        log.info("%s: %s is not supported (%s: %s); the field is left out", gpu.label, key, what, error_name(code))
 
     def _lose(self, gpu: _Gpu, what: str) -> None:
         self.read_errors += 1
@@ -700,7 +693,7 @@ class GpuSensor:
         if (key, code) not in gpu.logged_errors:
             gpu.logged_errors.add((key, code))
             log.warning(
-                "%s: reading %s failed (%s); the field is left out of that sample", gpu.label, key, _error_name(code)
+                "%s: reading %s failed (%s); the field is left out of that sample", gpu.label, key, error_name(code)
             )
 
     # ------------------------------------------------------------------ the hot path
@@ -1187,9 +1180,9 @@ class GpuSensor:
                 continue
             values = {"time_unix_ns": t_ns, "gpu_index": gpu.index, "gpu_instance_id": gi}
             uuid = _optional(functools.partial(pynvml.nvmlDeviceGetUUID, mig))
-            values["mig_uuid"] = _text(uuid) if uuid is not None else ""
+            values["mig_uuid"] = text(uuid) if uuid is not None else ""
             name = _optional(functools.partial(pynvml.nvmlDeviceGetName, mig))
-            values["name"] = _text(name) if name is not None else ""
+            values["name"] = text(name) if name is not None else ""
             memory = _optional(functools.partial(pynvml.nvmlDeviceGetMemoryInfo, mig))
             if memory is not None:
                 values["mem_used_bytes"] = int(memory.used)
@@ -1327,10 +1320,6 @@ def _fan_rpm(handle: Any, fan: int) -> int:
     return int(info.speed)
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _optional(read: Callable[[], Any]) -> Any | None:
     try:
         return read()
@@ -1342,13 +1331,13 @@ def _static_info(index: int, handle: Any, driver_version: str) -> common_pb2.Gpu
     """GpuInfo for one GPU; identity must be readable, everything else is optional (absent when not)."""
     info = common_pb2.GpuInfo(
         index=index,
-        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-        name=_text(pynvml.nvmlDeviceGetName(handle)),
+        uuid=text(pynvml.nvmlDeviceGetUUID(handle)),
+        name=text(pynvml.nvmlDeviceGetName(handle)),
         driver_version=driver_version,
     )
     pci = _optional(lambda: pynvml.nvmlDeviceGetPciInfo_v3(handle))
     if pci is not None:
-        info.pci_bus_id = _text(pci.busId)
+        info.pci_bus_id = text(pci.busId)
     memory = _optional(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
     if memory is not None:
         info.memory_total_bytes = int(memory.total)
@@ -1376,7 +1365,7 @@ def _static_info(index: int, handle: Any, driver_version: str) -> common_pb2.Gpu
         info.compute_capability = f"{cc[0]}.{cc[1]}"
     vbios = _optional(lambda: pynvml.nvmlDeviceGetVbiosVersion(handle))
     if vbios is not None:
-        info.vbios_version = _text(vbios)
+        info.vbios_version = text(vbios)
     pcie_gen = _optional(lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
     if pcie_gen is not None:
         info.pcie_gen_max = int(pcie_gen)
@@ -1404,87 +1393,3 @@ def _static_info(index: int, handle: Any, driver_version: str) -> common_pb2.Gpu
                 e,
             )
     return info
-
-
-class NvmlCallError(ServiceError, RuntimeError):
-    """An NVML call outside the sampler failed; ``code`` is NVML's return code."""
-
-    def __init__(self, what: str, code: int) -> None:
-        super().__init__(f"{what}: {_error_name(code)}")
-        self.code = code
-
-    @property
-    def no_permission(self) -> bool:
-        return bool(self.code == pynvml.NVML_ERROR_NO_PERMISSION)
-
-    @property
-    def not_supported(self) -> bool:
-        return self.code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-
-
-class GpuDevice:
-    """One GPU for the few calls made outside the sampler: a trainer reading the SM clock of the
-    simulated GPU it plays, and the control plane reading and setting power limits. Calls block (NVML
-    is synchronous); NVML's errors become :class:`NvmlCallError`."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self._call("nvmlInit", pynvml.nvmlInit)
-        self._handle = self._call(f"GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
-
-    @staticmethod
-    def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return function(*args)
-        except pynvml.NVMLError as e:
-            raise NvmlCallError(what, int(e.value)) from None
-
-    @staticmethod
-    def count() -> int:
-        GpuDevice._call("nvmlInit", pynvml.nvmlInit)
-        return int(GpuDevice._call("device count", pynvml.nvmlDeviceGetCount))
-
-    @property
-    def uuid(self) -> str:
-        return _text(self._call(f"GPU {self.index} UUID", pynvml.nvmlDeviceGetUUID, self._handle))
-
-    def sm_clock_mhz(self) -> float:
-        return float(
-            self._call(f"GPU {self.index} SM clock", pynvml.nvmlDeviceGetClockInfo, self._handle, pynvml.NVML_CLOCK_SM)
-        )
-
-    def temp_slowdown_c(self) -> float | None:
-        """The slowdown threshold, None where the GPU does not say."""
-        try:
-            return float(
-                self._call(
-                    f"GPU {self.index} slowdown threshold",
-                    pynvml.nvmlDeviceGetTemperatureThreshold,
-                    self._handle,
-                    pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
-                )
-            )
-        except NvmlCallError:
-            return None
-
-    def power_limit_w(self) -> float:
-        mw = self._call(f"GPU {self.index} power limit", pynvml.nvmlDeviceGetPowerManagementLimit, self._handle)
-        return float(mw) / 1000.0
-
-    def power_limit_constraints_w(self) -> tuple[float, float]:
-        low, high = self._call(
-            f"GPU {self.index} power limit range", pynvml.nvmlDeviceGetPowerManagementLimitConstraints, self._handle
-        )
-        return float(low) / 1000.0, float(high) / 1000.0
-
-    def set_power_limit_w(self, limit_w: float) -> None:
-        self._call(
-            f"GPU {self.index} set power limit {limit_w:.0f} W",
-            pynvml.nvmlDeviceSetPowerManagementLimit,
-            self._handle,
-            round(limit_w * 1000),
-        )
-
-    def close(self) -> None:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()

@@ -1,4 +1,8 @@
-"""What the collector accepts from an agent, and what it answers when something is wrong.
+"""Part: wire (ground floor). What the collector accepts from an agent, and what it answers when something is wrong.
+
+The collector applies these rules to every stream (``collector/server.py``, ``collector/encode.py``);
+the agent applies the identity rules (:func:`check_hello`) to its own labels before it connects
+(``agent/identity.py``), so a bad label is refused at start, not by every collector it tries.
 
 Two kinds of problem, as the wire contract (docs/wire.md) defines them:
 

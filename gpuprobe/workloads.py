@@ -1,7 +1,9 @@
-"""The built-in workloads and their presets, without importing torch.
+"""Part: ground floor (shared). The built-in workloads and their presets, without importing torch.
 
-The control plane (which runs on GPU nodes that may not have torch) reads this list to decide which
-probe commands it may accept: an agent never runs anything that is not named here.
+The trainer runs them, the simulator's performance model prices them, and the control plane and
+studies name them; all four read this one list, so it sits below them all. The control plane
+(which runs on GPU nodes that may not have torch) reads it to decide which probe commands it may
+accept: an agent never runs anything that is not named here.
 """
 
 from __future__ import annotations
@@ -103,9 +105,6 @@ DEFAULT_IDLE_BASELINE_S = 30.0
 DEFAULT_WARMUP_S = 10.0
 DEFAULT_DURATION_S = 60.0
 DEFAULT_COOLDOWN_S = 60.0
-
-# The phase names: the `phase` field of `trainer` points and the trainer socket (docs/wire.md).
-PHASES = ("pending", "idle", "warmup", "steady", "cooldown", "done")
 
 
 def torch_available() -> bool:

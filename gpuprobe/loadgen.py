@@ -1,4 +1,8 @@
-"""Synthetic agents: real gRPC clients of ``TelemetryService.Stream`` that behave like the agent.
+"""Part: top floor. Synthetic agents: real gRPC clients of ``TelemetryService.Stream`` that behave like the agent.
+
+It sits on the top floor, beside the CLI and the demo, because it drives one part with another: it
+takes the agent's hash of collectors and its resolution policy to load the collector, and the
+collector may not import the agent (docs/architecture.md, "Allowed imports").
 
 Used by the collector's tests and benchmarks (and by end-to-end tests that need traffic without
 GPUs). A :class:`SyntheticAgent` keeps its batches in an in-memory spool until they are acked,

@@ -1,0 +1,65 @@
+"""Part: nvml (ground floor). NVML's return codes and errors, translated once for every caller.
+
+The sensor's hot path compares the return codes of NVML's C functions with the constants here; the
+calls made through pynvml's wrappers outside the sampler (:mod:`gpuprobe.nvml.device`) raise
+:class:`NvmlCallError`, which keeps NVML's code so that a caller can tell "not permitted" from "not
+supported" without importing pynvml.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from gpuprobe.errors import ServiceError
+
+# nvml.h's nvmlReturn_t values the sensor tells apart
+NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_TIMEOUT = 10
+
+
+class GpuSensorError(ServiceError, RuntimeError):
+    """NVML cannot be used at all (no library, no driver): the agent runs without GPUs."""
+
+
+def error_name(code: int) -> str:
+    """NVML's own words for a return code (``Not Supported``, ``GPU is lost``)."""
+    try:
+        return str(pynvml.NVMLError(code))
+    except Exception:  # pragma: no cover - pynvml formats every code it knows
+        return f"NVML error {code}"
+
+
+def text(value: str | bytes) -> str:
+    """An NVML string (older pynvml versions return bytes)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class NvmlCallError(ServiceError, RuntimeError):
+    """An NVML call outside the sampler failed; ``code`` is NVML's return code."""
+
+    def __init__(self, what: str, code: int) -> None:
+        super().__init__(f"{what}: {error_name(code)}")
+        self.code = code
+
+    @property
+    def no_permission(self) -> bool:
+        return bool(self.code == pynvml.NVML_ERROR_NO_PERMISSION)
+
+    @property
+    def not_supported(self) -> bool:
+        return self.code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+def call(what: str, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` (a pynvml wrapper), its NVMLError raised as :class:`NvmlCallError` naming ``what``."""
+    try:
+        return function(*args)
+    except pynvml.NVMLError as e:
+        raise NvmlCallError(what, int(e.value)) from None
