@@ -224,7 +224,27 @@ def _run_agent(values: dict[str, Any], args: argparse.Namespace) -> int:
 def _run_install(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.agent import install
 
-    return install.run(values)
+    return install.run(values, check_config_text)
+
+
+def check_config_text(config_text: str) -> str | None:
+    """What the agent would say when it read ``config_text`` (its own option parsers and settings checks,
+    as ``gpuprobe agent --check`` does), or None when it accepts it. Files not there yet are accepted (the
+    operator puts them in place later); files that exist are read and checked."""
+    import tomllib
+
+    from gpuprobe.agent import install
+    from gpuprobe.agent.settings import AgentSettings
+    from gpuprobe.config import resolve
+
+    try:
+        data = tomllib.loads(config_text)
+        # no flags and no environment: the unit runs the agent with this file alone
+        values = resolve("agent", AGENT_OPTIONS, argparse.Namespace(), data, Path(install.CONFIG_PATH), environ={})
+        AgentSettings.from_values(values, missing_files_ok=True)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def _install_options() -> list[Option]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,27 +175,6 @@ _FILES = (
 )
 
 
-def check_config(config_text: str) -> str | None:
-    """What the agent would say when it read ``config_text`` (its own option parsers and settings checks,
-    as ``gpuprobe agent --check`` does), or None when it accepts it. Files not there yet are accepted (the
-    operator puts them in place later); files that exist are read and checked."""
-    import argparse
-    import tomllib
-
-    from gpuprobe.agent.cli import AGENT_OPTIONS
-    from gpuprobe.agent.settings import AgentSettings
-    from gpuprobe.config import ConfigError, resolve
-
-    try:
-        data = tomllib.loads(config_text)
-        # no flags and no environment: the unit runs the agent with this file alone
-        values = resolve("agent", AGENT_OPTIONS, argparse.Namespace(), data, Path(CONFIG_PATH), environ={})
-        AgentSettings.from_values(values, missing_files_ok=True)
-    except ConfigError as e:
-        return str(e)
-    return None
-
-
 def secret_files(values: dict[str, Any]) -> list[tuple[str, Path, bool]]:
     found = [(key, Path(values[key]).absolute(), secret) for key, secret in _FILES if values[key] is not None]
     if values["broker"]:
@@ -206,7 +186,10 @@ def render_sysusers(user: str) -> str:
     return f'u {user} - "gpuprobe telemetry agent" /var/lib/gpuprobe\n'
 
 
-def run(values: dict[str, Any]) -> int:
+def run(values: dict[str, Any], check_config: Callable[[str], str | None]) -> int:
+    """Install the agent; ``check_config`` says what the agent would refuse in a config file (the
+    agent's own parsers, passed in by ``agent/cli.py`` so this module need not import its caller)."""
+
     def fail(message: str) -> int:
         print(f"gpuprobe install agent: error: {message}", file=sys.stderr)
         return 2

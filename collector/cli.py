@@ -358,7 +358,37 @@ def _init_db(values: dict[str, Any]) -> int:
 def _run_install(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.collector import install
 
-    return install.run(values, args)
+    return install.run(values, args, check_config_text)
+
+
+def check_config_text(config_text: str) -> str | None:
+    """What the collector would say when it read ``config_text`` (its own option parsers and settings
+    checks, and the tokens and TLS files where they exist), or None when it accepts it. The secrets of
+    install.ENV_PATH are not known here: a v2 token is taken as given."""
+    import tomllib
+
+    from gpuprobe.collector import install
+    from gpuprobe.collector.auth import AuthConfigError, TokenStore, server_credentials
+    from gpuprobe.config import ConfigError, resolve
+
+    try:
+        data = tomllib.loads(config_text)
+        # the unit adds only install.ENV_PATH's secrets to this file: stand in for the v2 token kept there
+        environ = {"GPUPROBE_INFLUX_TOKEN": "from-" + install.ENV_PATH}
+        values = resolve("collector", OPTIONS, argparse.Namespace(), data, Path(install.CONFIG_PATH), environ=environ)
+        config = config_from_options(values)
+        if config.tokens_file is not None and config.tokens_file.exists():
+            TokenStore(config.tokens_file)
+        tls_files = [config.tls_cert, config.tls_key, config.tls_client_ca]
+        if (
+            config.tls_cert is not None
+            and config.tls_key is not None
+            and all(p is None or p.exists() for p in tls_files)
+        ):
+            server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+    except (ConfigError, AuthConfigError) as e:
+        return str(e)
+    return None
 
 
 COMMANDS = [

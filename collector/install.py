@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,41 +128,14 @@ def render_collector_unit(values: dict[str, Any], executable: Path) -> str:
     return unit.replace("[Service]\n", f"[Service]\nEnvironmentFile=-{ENV_PATH}\nLimitNOFILE=65536\n", 1)
 
 
-def check_config(config_text: str) -> str | None:
-    """What the collector would say when it read ``config_text`` (its own option parsers and settings
-    checks, and the tokens and TLS files where they exist), or None when it accepts it. The secrets of
-    ENV_PATH are not known here: a v2 token is taken as given."""
-    import tomllib
-
-    from gpuprobe.collector.auth import AuthConfigError, TokenStore, server_credentials
-    from gpuprobe.collector.cli import OPTIONS, config_from_options
-    from gpuprobe.config import ConfigError, resolve
-
-    try:
-        data = tomllib.loads(config_text)
-        # the unit adds only ENV_PATH's secrets to this file: stand in for the v2 token kept there
-        environ = {"GPUPROBE_INFLUX_TOKEN": "from-" + ENV_PATH}
-        values = resolve("collector", OPTIONS, argparse.Namespace(), data, Path(CONFIG_PATH), environ=environ)
-        config = config_from_options(values)
-        if config.tokens_file is not None and config.tokens_file.exists():
-            TokenStore(config.tokens_file)
-        tls_files = [config.tls_cert, config.tls_key, config.tls_client_ca]
-        if (
-            config.tls_cert is not None
-            and config.tls_key is not None
-            and all(p is None or p.exists() for p in tls_files)
-        ):
-            server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
-    except (ConfigError, AuthConfigError) as e:
-        return str(e)
-    return None
-
-
 def render_sysusers(user: str) -> str:
     return f'u {user} - "gpuprobe telemetry" /var/lib/gpuprobe\n'
 
 
-def run(values: dict[str, Any], args: argparse.Namespace) -> int:
+def run(values: dict[str, Any], args: argparse.Namespace, check_config: Callable[[str], str | None]) -> int:
+    """Install the collector; ``check_config`` says what the collector would refuse in a config file
+    (its own parsers, passed in by ``collector/cli.py`` so this module need not import its caller)."""
+
     def fail(message: str) -> int:
         print(f"gpuprobe install collector: error: {message}", file=sys.stderr)
         return 2
