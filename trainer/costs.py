@@ -205,7 +205,7 @@ def compute_costs(only: Sequence[str] | None = None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(
-        prog=REGENERATE_COMMAND, description=f"recompute {COSTS_PATH.name} from the real models"
+        allow_abbrev=False, prog=REGENERATE_COMMAND, description=f"recompute {COSTS_PATH.name} from the real models"
     ).parse_args(argv)
     COSTS_PATH.write_text(json.dumps(compute_costs(), indent=2, sort_keys=False) + "\n")
     _cache.cache_clear()
