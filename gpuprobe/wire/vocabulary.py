@@ -11,7 +11,7 @@ from __future__ import annotations
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 #: A probe's phases, in the order they run (``idle`` is the idle baseline).
-PHASES: dict[str, int] = {
+PHASES: dict[str, common_pb2.ProbePhase] = {
     "pending": common_pb2.PROBE_PHASE_PENDING,
     "idle": common_pb2.PROBE_PHASE_IDLE_BASELINE,
     "warmup": common_pb2.PROBE_PHASE_WARMUP,
@@ -21,7 +21,7 @@ PHASES: dict[str, int] = {
 }
 PHASE_NAMES: dict[int, str] = {value: name for name, value in PHASES.items()}
 
-STATUSES: dict[str, int] = {
+STATUSES: dict[str, common_pb2.ProbeStatus] = {
     "running": common_pb2.PROBE_STATUS_RUNNING,
     "succeeded": common_pb2.PROBE_STATUS_SUCCEEDED,
     "failed": common_pb2.PROBE_STATUS_FAILED,
@@ -30,7 +30,7 @@ STATUSES: dict[str, int] = {
 STATUS_NAMES: dict[int, str] = {value: name for name, value in STATUSES.items()}
 
 #: The kinds of ``ProbeEvent`` (a trainer's ``probe`` lines).
-PROBE_EVENT_KINDS: dict[str, int] = {
+PROBE_EVENT_KINDS: dict[str, telemetry_pb2.ProbeEventKind] = {
     "start": telemetry_pb2.PROBE_EVENT_KIND_START,
     "phase_change": telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE,
     "end": telemetry_pb2.PROBE_EVENT_KIND_END,
