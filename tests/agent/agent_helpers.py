@@ -146,7 +146,9 @@ class Agent:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def wait_for_log(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
+    # a deadline, not a wait: on a loaded 2-core machine an agent's start (imports, NVML, PortAudio's device
+    # scan) has taken over 20 s before its microphone line
+    def wait_for_log(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
         def found() -> re.Match[str] | None:
             exited = self.proc is not None and self.proc.poll() is not None
             match = re.search(pattern, self.log())

@@ -3,6 +3,7 @@ refused with a clear log line while the agent keeps its spool."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import urllib.request
@@ -163,6 +164,17 @@ def test_a_collector_that_refuses_the_identity_is_retried_slowly_with_an_error(
             stderr=subprocess.STDOUT,
         )
     try:
+        # the collector serving before the agent starts: its Hello is then refused before any batch is
+        # written. (Started together on a busy machine, the agent had spooled batches and wrote one as the
+        # collector refused the Hello; gRPC then reports INTERNAL for the write and the agent, without the
+        # refusal's reason, reconnected at once: a second refused stream.)
+        wait_until(
+            lambda: re.search(r"serving on port \d+", (tmp_path / "collector.log").read_text()),
+            60,
+            "the collector serving",
+            interval_s=0.1,
+            describe=lambda: (tmp_path / "collector.log").read_text()[-2000:],
+        )
         sim = machine(tmp_path / "sim", ["L4"])
         agent = agent_factory(sim, [f"127.0.0.1:{port}"], "--auth-retry", "30")
         agent.wait_for_log(r"ERROR .*collector 127\.0\.0\.1:\d+ refused the agent \(INVALID_ARGUMENT: ", timeout=30)
@@ -178,7 +190,10 @@ def test_a_collector_that_refuses_the_identity_is_retried_slowly_with_an_error(
         # with the ordinary backoff (--reconnect-min/max 0.2..1 s) 3 s would be several more attempts; with
         # --auth-retry 30 the collector sees no second stream
         wait_until(lambda: refused_streams() >= 1, 10, "the collector to count the refused stream", interval_s=0.2)
-        stays(lambda: refused_streams() == 1, 3.0, "one refused stream at the collector", interval_s=0.2)
+        one = "one refused stream at the collector"
+        stays(
+            lambda: refused_streams() == 1, 3.0, one, interval_s=0.2, describe=lambda: (refused_streams(), agent.log())
+        )
         assert refused_streams() == 1
         assert "retrying in 30 s" in agent.log()
         assert agent.running()  # it samples and spools meanwhile

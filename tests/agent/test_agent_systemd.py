@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -146,23 +147,32 @@ def test_agent_notifies_ready_watchdog_status_and_stopping_on_a_real_notify_sock
     sock.settimeout(0.5)
     messages: list[tuple[float, str]] = []
 
-    def collect(until: float) -> None:
-        while time.monotonic() < until:
+    def collect(done: Callable[[list[str]], bool], timeout_s: float, what: str) -> None:
+        """Receive notifications until ``done(texts so far)``; fail after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not done([m for _, m in messages]):
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"no {what} within {timeout_s:g} s: {[m for _, m in messages]}")
             try:
                 messages.append((time.monotonic(), sock.recv(4096).decode()))
             except TimeoutError:
                 continue
 
+    def streaming_and_pinged(texts: list[str]) -> bool:
+        streaming = any(m.startswith("STATUS=2 GPUs at 10 Hz; streaming to") for m in texts)
+        return streaming and texts.count("WATCHDOG=1") >= 5
+
     try:
         sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"] * 2)
-        started = time.monotonic()
         agent = agent_factory(
             sim, [receiver.address], env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"}
         )  # pings every 0.5 s
-        collect(started + 5)
+        # ready, streaming and 5 pings (2.5 s of them) before the stop; a stop before READY=1 would find the
+        # agent without its signal handlers yet
+        collect(streaming_and_pinged, 60, "READY=1, the streaming status and 5 watchdog pings")
         assert agent.proc is not None
         agent.proc.send_signal(15)
-        collect(time.monotonic() + 2)
+        collect(lambda texts: "STOPPING=1" in texts, 15, "STOPPING=1 after SIGTERM")
         assert agent.proc.wait(15) == 0
     finally:
         sock.close()
