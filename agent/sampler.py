@@ -31,6 +31,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gpuprobe.agent.batcher import Batcher
@@ -85,6 +86,11 @@ class Sampler:
         self._nvlink_sent: dict[tuple[int, int], tuple[int, tuple[int | None, ...]]] = {}  # (GPU, link) -> time, errors
         self.health_tracker = HealthTracker([i.index for i in gpus.infos] if gpus is not None else [])
         self._stop = threading.Event()
+        #: Why the sampling loop ended by itself (an unexpected exception); None while it runs.
+        self.failure: BaseException | None = None
+        #: Called in the sampler's thread with :attr:`failure` when the loop dies of it: the agent
+        #: exits rather than stream on with no samples.
+        self.on_failure: Callable[[BaseException], None] | None = None
         self._thread = threading.Thread(target=self._run, name="gpuprobe-sampler", daemon=True)
         self.heartbeat_mono = time.monotonic()  # end of the last tick, for the watchdog
         self.ticks = 0
@@ -150,10 +156,13 @@ class Sampler:
                     self._counters.add(missed_ticks=first_runnable - following)
                     following = first_runnable
                 n = following
-        except Exception:
+        except Exception as e:
             log.exception("the sampling loop failed; the agent stops sampling")
-            raise
-        finally:
+            self.failure = e
+            self._publish()
+            if self.on_failure is not None:
+                self.on_failure(e)
+        else:
             self._publish()
 
     def _publish(self) -> None:

@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import signal
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuprobe import __version__
@@ -59,7 +60,7 @@ def void(_value: object) -> None:
     """Discards a value (a callback's result nobody needs)."""
 
 
-async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+async def _cancel(tasks: Sequence[asyncio.Task[Any]]) -> None:
     for task in tasks:
         task.cancel()
     for task in tasks:
@@ -138,6 +139,8 @@ class Agent:
             parts.push_async_callback(trainer.stop)
         self._serve_metrics(parts)
 
+        sampler_died = asyncio.Event()
+        sampler.on_failure = lambda _error: void(loop.call_soon_threadsafe(sampler_died.set))
         sampler.start()
         parts.callback(sampler.stop)
         events = self._start_events(gpus, sampler)
@@ -168,9 +171,23 @@ class Agent:
         )
         self.notifier.ready(status=f"sampling {len(self.infos)} GPUs at {hz:g} Hz")
 
-        await stop.wait()
+        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(sampler_died.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await _cancel(waits)
+        code = 0
+        if sampler.failure is not None:
+            # streaming on without samples would look healthy to the collector; under systemd the
+            # watchdog would end it too, only later (Restart=on-failure starts it again either way)
+            failure = sampler.failure
+            log.critical(
+                "the sampling thread died (%s: %s): stopping, exit status 1; what was sampled is"
+                " spooled and delivered first",
+                type(failure).__name__,
+                failure,
+            )
+            code = 1
         await self._stop(sampler, mic, trainer, control, tasks)
-        return 0
+        return code
 
     # ------------------------------------------------------------------ the parts
 

@@ -7,8 +7,9 @@ nodes over MQTT, follows its progress, collects the results, fits the thermal, a
 efficiency models from InfluxDB and writes the HTML report. Then a small *study* on GPU 0 of both
 nodes (full-size ResNet-50 at two batch sizes and two power limits; the agents may set limits) and
 its report: samples/s and J/sample of the simulated H100 and A100, labelled simulated (the
-simulator's performance model). Every process is stopped and the temporary directory removed at the
-end; the reports stay in ``--out``.
+simulator's performance model), ranked by GPU model and by the nodes' simulated instance types
+(``sim-h100x4-node``, ``sim-a100x2-l4-4090-node``: labels of the demo, no cloud's). Every process
+is stopped and the temporary directory removed at the end; the reports stay in ``--out``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ from gpuprobe.config import Command, Option, parse_duration
 from gpuprobe.errors import ServiceError
 
 NODES = {"node-a": "4xH100-SXM5-80GB", "node-b": "2xA100-SXM4-80GB,L4,RTX-4090"}
+#: Each node's labels (``--instance-type``, ``--virt``, ``--region``; ``--cloud sim``), so that the study
+#: report compares instance types as it would on a real fleet. Named ``sim-…`` so that nobody takes
+#: them for a cloud's, and set so that a demo run on a cloud VM is not labelled with its instance type.
+NODE_LABELS = {
+    "node-a": {"instance_type": "sim-h100x4-node", "virt": "bare_metal", "region": "sim-local"},
+    "node-b": {"instance_type": "sim-a100x2-l4-4090-node", "virt": "bare_metal", "region": "sim-local"},
+}
 GPUS_PER_NODE = 4
 # The simulated GPUs' thermal time constants, shortened (about 4x; the resistances are the profiles'),
 # so that a probe of a minute or two settles: at the stock 30 s heatsink and 120 s inlet air a fit of
@@ -190,7 +198,9 @@ def run_demo(values: dict[str, Any]) -> int:
                     "--tls-server-name", "localhost", "--token-file", str(token_file),
                     "--spool", str(work / host / "spool"), "--broker", broker,
                     "--trusted-keys", str(operator_key.public), "--control-dir", str(work / host / "control"),
-                    "--allow-power-limits",
+                    "--allow-power-limits", "--cloud", "sim",
+                    "--instance-type", NODE_LABELS[host]["instance_type"], "--virt", NODE_LABELS[host]["virt"],
+                    "--region", NODE_LABELS[host]["region"],
                 ),
                 env=agent_env,
             )  # fmt: skip
@@ -255,7 +265,8 @@ def run_demo(values: dict[str, Any]) -> int:
 
 def _study(values: dict[str, Any], broker: str, influx_url: str, key: Path, out_dir: Path) -> None:
     """A small study on GPU 0 of both nodes (an H100 and an A100): full-size ResNet-50 at two batch
-    sizes and two power limits, then its report. The throughput is the simulator's performance model."""
+    sizes and two power limits, then its report, which ranks the two nodes' simulated instance types
+    (:data:`NODE_LABELS`). The throughput is the simulator's performance model."""
     study_id = f"demo-study-{time.strftime('%Y%m%d-%H%M%S')}"
     phases = {"idle_baseline": 3.0, "warmup": 8.0, "duration": values["study_steady"], "cooldown": 3.0}
     points = 4

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuprobe.demo import NODE_LABELS
 from gpuprobe.devservices.browser import screenshot
 
 pytestmark = pytest.mark.slow
@@ -78,6 +79,20 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
         assert group["samples_per_s"] == pytest.approx(img_per_s, rel=0.15), (model, group)
         assert group["j_per_sample"] == pytest.approx(j_per_img, rel=0.25), (model, group)
         assert model.split()[1] in result.stdout  # the terminal table names both GPU models
+
+    # the two nodes carry simulated instance types (named so nobody takes them for a cloud's), and
+    # the report ranks them, as it would a real fleet's
+    labels = {"NVIDIA H100 80GB HBM3": NODE_LABELS["node-a"], "NVIDIA A100-SXM4-80GB": NODE_LABELS["node-b"]}
+    for group in study["groups"]:
+        node = labels[group["key"]["gpu_model"]]
+        assert {k: group["key"][k] for k in ("instance_type", "virt", "region")} == node, group["key"]
+    by_type = next(r for r in study["rankings"] if r["by"] == "instance_type")
+    ranked = [entry["name"] for entry in by_type["entries"]]
+    assert sorted(ranked) == sorted(node["instance_type"] for node in NODE_LABELS.values()), by_type
+    assert all(name.startswith("sim-") for name in ranked)
+    ranking_line = next(line for line in result.stdout.splitlines() if "ranking of instance types" in line)
+    assert all(name in ranking_line for name in ranked), ranking_line
+    assert "(none)" not in ranking_line and "(no instance type)" not in result.stdout
 
     png = tmp_path / "report.png"
     shot = screenshot(html, png)
