@@ -147,9 +147,10 @@ async def speaks_tls(target: str, timeout_s: float = 2.0) -> bool:
     hello = outgoing.read()
     writer: asyncio.StreamWriter | None = None
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
-        writer.write(hello)
-        await writer.drain()
+        reader, opened = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+        writer = opened
+        opened.write(hello)
+        await opened.drain()
         first = await asyncio.wait_for(reader.read(1), timeout_s)
     except (OSError, TimeoutError, ValueError):
         return False
