@@ -114,7 +114,8 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         "--log-level",
         default=os.environ.get("GPUPROBE_LOG_LEVEL", "info") if top else argparse.SUPPRESS,
         choices=LOG_LEVELS,
-        help="logging threshold; libraries (httpx, MQTT...) log below WARNING only at debug (env GPUPROBE_LOG_LEVEL; default info)",
+        help="logging threshold; libraries (httpx, MQTT...) log below WARNING only at debug"
+        " (env GPUPROBE_LOG_LEVEL; default info)",
     )
 
 
