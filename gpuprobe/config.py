@@ -124,6 +124,9 @@ class Option:
     deprecated_name: str = ""
     # How the old spelling reads its values when its unit differed (--period-ms took ms); None: as `type`.
     deprecated_type: Callable[[str], Any] | None = None
+    # A destructive switch (--force: overwrite files, replace a key): taken only from the command line,
+    # never from a GPUPROBE_* variable or a config file set for another command's sake.
+    flag_only: bool = False
 
     @property
     def flag(self) -> str:
@@ -202,7 +205,7 @@ def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> N
     """Adds flags whose absence is visible (``argparse.SUPPRESS``), so lower sources can fill in.
     A deprecated spelling gets a flag of its own, left out of ``--help`` (the docs list it)."""
     for opt in options:
-        where = f"env {opt.env_var}"
+        where = "command line only" if opt.flag_only else f"env {opt.env_var}"
         if opt.is_duration:
             default = "" if opt.default is None else f"; default {format_duration(opt.default)}"
             help_text = f"{opt.help} (e.g. 30s, 2m; {where}{default})"
@@ -325,6 +328,13 @@ def resolve(
             layers.append((f"{file_path} [{'.'.join(parts[:i])}]", table))
     values: dict[str, Any] = {}
     for opt in options:
+        if opt.flag_only:
+            values[opt.name] = getattr(args, opt.name, opt.default)
+            ignored = [f"environment {opt.env_var}"] if opt.env_var in env else []
+            ignored += [source for source, layer in layers if _has_value(layer, opt.name)]
+            if ignored:
+                log.warning("%s ignored: %s is taken only from the command line", ", ".join(ignored), opt.flag)
+            continue
         # each source reads the new spelling first, so a half-migrated setup takes the new value
         old = opt.deprecated_spelling
         if hasattr(args, opt.name):
