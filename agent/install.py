@@ -70,7 +70,7 @@ INSTALL_OPTIONS = [
         metavar="HOST:PORT[,HOST:PORT...]",
     ),
     Option("root", "stage the files under DIR instead of / (for images and tests)", Path, metavar="DIR"),
-    Option("force", "overwrite files that exist", is_flag=True, default=False),
+    Option("force", "overwrite files that exist", is_flag=True, default=False, flag_only=True),
     Option("executable", "the gpuprobe program the unit runs (default: this installation's)", Path, metavar="PATH"),
     Option("user", "unprivileged user (and group) the agent runs as", default="gpuprobe"),
     Option("cluster", "cluster or fleet name written to the config", default=""),

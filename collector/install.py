@@ -44,7 +44,7 @@ WAL_DIR = "/var/lib/gpuprobe/collector"
 
 INSTALL_OPTIONS = [
     Option("root", "stage the files under DIR instead of / (for images and tests)", Path, metavar="DIR"),
-    Option("force", "overwrite files that exist", is_flag=True, default=False),
+    Option("force", "overwrite files that exist", is_flag=True, default=False, flag_only=True),
     Option("executable", "the gpuprobe program the unit runs (default: this installation's)", Path, metavar="PATH"),
     Option("user", "unprivileged user (and group) the collector runs as", default="gpuprobe"),
     Option("listen", "gRPC address written to the config", default="0.0.0.0:7447", metavar="HOST:PORT"),

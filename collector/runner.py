@@ -124,12 +124,21 @@ async def events_backends(config: CollectorSettings) -> dict[str, Backend]:
         assert isinstance(probe, V1Backend)
         try:
             # an InfluxDB that does not answer must not hold the collector's start for --influx-timeout
-            policies = await asyncio.wait_for(probe.retention_policies(), _EVENTS_PROBE_TIMEOUT_S)
+            policies, cause = await asyncio.wait_for(probe.retention_policies_or_cause(), _EVENTS_PROBE_TIMEOUT_S)
         except TimeoutError:
-            policies = None
+            policies, cause = (
+                None,
+                (
+                    f"InfluxDB at {probe.settings.base_url} did not answer within {_EVENTS_PROBE_TIMEOUT_S:g} s:"
+                    " check --influx-url and InfluxDB's load; the agents' data waits in the WAL"
+                ),
+            )
         finally:
             await probe.close()
         if policies is None:
+            if cause and not (probe.settings.create_database and "database not found" in cause):
+                # the cause first, on a line of its own: it is what the operator has to fix
+                log.error("%s: %s", name, cause)
             log.warning(
                 "cannot list the retention policies of %s: its %s points go to the default policy only "
                 "until the next restart",

@@ -177,14 +177,38 @@ class V1Backend:
 
     async def retention_policies(self) -> set[str] | None:
         """The database's retention policies; None when InfluxDB cannot tell (down, no database, refused)."""
-        statement = f"SHOW RETENTION POLICIES ON {quote_identifier(self.settings.database)}"
+        policies, _ = await self.retention_policies_or_cause()
+        return policies
+
+    async def retention_policies_or_cause(self) -> tuple[set[str] | None, str]:
+        """The database's retention policies and "", or None and why InfluxDB could not tell, in one
+        sentence that names the cause and what to do (the collector logs it at start)."""
+        settings = self.settings
+        where = f"InfluxDB at {settings.base_url}"
+        statement = f"SHOW RETENTION POLICIES ON {quote_identifier(settings.database)}"
         answer = await self.query(statement)
+        if answer.status is None:
+            return None, (
+                f"{where} is unreachable ({answer.body}): check --influx-url and that InfluxDB runs; the agents'"
+                " data waits in the WAL until it answers"
+            )
+        if answer.status in (401, 403):
+            return None, (
+                f"{where} refused the credentials (HTTP {answer.status}): check --influx-user and"
+                " GPUPROBE_INFLUX_PASSWORD (or --influx-token); the agents' data waits in the WAL"
+            )
         if answer.status != 200:
-            return None
+            return None, f"{where} answered HTTP {answer.status} ({answer.body[:200]}): check --influx-url"
         try:
-            return {str(row[0]) for series in parse_results(answer.body, statement) for row in series.values}
-        except InfluxError:
-            return None
+            return {str(row[0]) for series in parse_results(answer.body, statement) for row in series.values}, ""
+        except InfluxError as exc:
+            if "database not found" in str(exc) and not settings.create_database:
+                return None, (
+                    f"{where} has no database {settings.database!r}: create it (gpuprobe collector --init-db,"
+                    f" or CREATE DATABASE {quote_identifier(settings.database)}), start with --influx-create-db,"
+                    " or fix --influx-db; the agents' data waits in the WAL until it exists"
+                )
+            return None, f"{where}: {exc}"
 
     async def on_not_found(self) -> bool:
         return await self._create() if self.settings.create_database else False

@@ -114,7 +114,7 @@ FLEET_OPTIONS = [*MQTT_OPTIONS, Option("json", "print JSON instead of a table", 
 KEYGEN_OPTIONS = [
     Option("out", "folder for NAME.key (private, 0600) and NAME.pub", Path, metavar="DIR"),
     Option("key_name", "file name stem of the key files", default="operator"),
-    Option("force", "replace existing files", is_flag=True, default=False),
+    Option("force", "replace existing files", is_flag=True, default=False, flag_only=True),
 ]
 
 # `gpuprobe control-agent`: the control plane's options (declared once, in control/settings.py, for

@@ -31,6 +31,18 @@ GROUP_HELP = {
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 
+# Libraries that log one INFO line per request (httpx: "HTTP Request: POST …"): noise for an operator,
+# shown only with --log-level debug.
+LIBRARY_LOGGERS = ("httpx", "httpcore", "urllib3", "aiomqtt", "paho", "matplotlib", "PIL", "asyncio")
+
+
+def quiet_libraries(level: str) -> None:
+    """Library loggers at WARNING unless ``--log-level debug``: the default output is gpuprobe's own."""
+    if level != "debug":
+        for name in LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def all_commands() -> list[Command]:
     # imported here so that `gpuprobe --help` costs only what the registered parts import
     from gpuprobe import demo
@@ -102,7 +114,8 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         "--log-level",
         default=os.environ.get("GPUPROBE_LOG_LEVEL", "info") if top else argparse.SUPPRESS,
         choices=LOG_LEVELS,
-        help="logging threshold (env GPUPROBE_LOG_LEVEL; default info)",
+        help="logging threshold; libraries (httpx, MQTT...) log below WARNING only at debug"
+        " (env GPUPROBE_LOG_LEVEL; default info)",
     )
 
 
@@ -155,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    quiet_libraries(args.log_level)
     cmd: Command = args._command
     config_path = args.config or (Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
     try:

@@ -115,6 +115,9 @@ class Option:
     metavar: str | None = None
     multiple: bool = False  # repeatable flag; a TOML array; comma-separated in the environment
     is_flag: bool = False  # a boolean switch (--name / --no-name)
+    # A destructive switch (--force: overwrite files, replace a key): taken only from the command line,
+    # never from a GPUPROBE_* variable or a config file set for another command's sake.
+    flag_only: bool = False
 
     @property
     def flag(self) -> str:
@@ -179,7 +182,7 @@ class Command:
 def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> None:
     """Adds flags whose absence is visible (``argparse.SUPPRESS``), so lower sources can fill in."""
     for opt in options:
-        where = f"env {opt.env_var}"
+        where = "command line only" if opt.flag_only else f"env {opt.env_var}"
         if opt.is_duration:
             default = "" if opt.default is None else f"; default {format_duration(opt.default)}"
             help_text = f"{opt.help} (e.g. 30s, 2m; {where}{default})"
@@ -294,6 +297,13 @@ def resolve(
             layers.append((f"{file_path} [{'.'.join(parts[:i])}]", table))
     values: dict[str, Any] = {}
     for opt in options:
+        if opt.flag_only:
+            values[opt.name] = getattr(args, opt.name, opt.default)
+            ignored = [f"environment {opt.env_var}"] if opt.env_var in env else []
+            ignored += [source for source, layer in layers if _has_value(layer, opt.name)]
+            if ignored:
+                log.warning("%s ignored: %s is taken only from the command line", ", ".join(ignored), opt.flag)
+            continue
         if hasattr(args, opt.name):
             values[opt.name] = getattr(args, opt.name)
         elif opt.env_var in env:

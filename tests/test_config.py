@@ -136,7 +136,7 @@ def test_every_command_documents_its_options_and_environment_variables() -> None
         text = sub.format_help()
         for opt in cmd.options:
             assert opt.flag in text, (cmd.name, opt.flag)
-            assert opt.env_var in text, (cmd.name, opt.env_var)
+            assert (opt.env_var if not opt.flag_only else "command line only") in text, (cmd.name, opt.env_var)
 
 
 def gpuprobe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -194,6 +194,29 @@ def test_no_option_is_taken_from_an_abbreviation() -> None:
     result = gpuprobe("install", "collector", "--influx-ur", "http://influx:8086", "--root", "/nonexistent/root")
     assert result.returncode == 2 and "--influx-ur" in result.stderr, result.stderr
     assert not Path("/nonexistent/root").exists()
+
+
+def test_force_is_never_taken_from_the_environment_or_a_config_file(tmp_path: Path) -> None:
+    """GPUPROBE_FORCE=1, meant for `install`, made `probe keygen` overwrite the operator's key."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+    keys = tmp_path / "keys"
+    assert gpuprobe("probe", "keygen", "--out", str(keys), env=env).returncode == 0
+    key = (keys / "operator.key").read_bytes()
+    config = tmp_path / "gpuprobe.toml"
+    config.write_text("force = true\n[probe.keygen]\nforce = true\n")
+    again = gpuprobe("--config", str(config), "probe", "keygen", "--out", str(keys), env={**env, "GPUPROBE_FORCE": "1"})
+    assert again.returncode != 0, again.stdout
+    assert (keys / "operator.key").read_bytes() == key, "the key was overwritten"
+    assert "GPUPROBE_FORCE" in again.stderr and "taken only from the command line" in again.stderr, again.stderr
+    root = tmp_path / "root"
+    assert gpuprobe("install", "agent", "--collector", "c1", "--root", str(root), env=env).returncode == 0
+    unit = root / "etc/systemd/system/gpuprobe-agent.service"
+    unit.write_text("# edited\n")
+    refused = gpuprobe("install", "agent", "--collector", "c2", "--root", str(root), env={**env, "GPUPROBE_FORCE": "1"})
+    assert refused.returncode == 1 and unit.read_text() == "# edited\n", refused.stderr
+    # the flag itself still works
+    forced = gpuprobe("probe", "keygen", "--out", str(keys), "--force", env=env)
+    assert forced.returncode == 0 and (keys / "operator.key").read_bytes() != key
 
 
 def test_every_parser_of_the_project_refuses_abbreviations() -> None:

@@ -477,3 +477,33 @@ def test_influx_and_collector_options_come_from_toml_and_environment(tmp_path: P
     config = config_from_options(values)
     assert (config.influx.database, config.influx.retention_policy, config.workers) == ("from_file", "env_rp", 2)
     assert replace(config, workers=1).listen == "127.0.0.1:9999"
+
+
+def test_at_start_an_unreachable_influxdb_or_a_missing_database_is_named_with_what_to_do(
+    tmp_path: Path, collector_process: Callable[..., CollectorProcess], influxdb: InfluxDBDatabase
+) -> None:
+    """It said only "cannot list the retention policies of default: ..." with no cause."""
+    dead_url = f"http://127.0.0.1:{support.free_port()}"  # nothing listens there
+    down = collector_process("--insecure", "--influx-url", dead_url, "--wal", str(tmp_path / "wal-1")).start()
+    support.wait_until(lambda: "is unreachable" in down.log(), 20, "the unreachable InfluxDB named", describe=down.log)
+    line = next(line for line in down.log().splitlines() if "is unreachable" in line)
+    assert " ERROR " in line and f"InfluxDB at {dead_url}" in line and "--influx-url" in line, line
+    assert "the agents' data waits in the WAL" in line
+    assert down.terminate() in (0, 75)
+    missing = f"{influxdb.name}_missing"
+    no_db = collector_process(
+        "--insecure", "--influx-url", influxdb.server.url, "--influx-db", missing, "--wal", str(tmp_path / "wal-2")
+    ).start()
+    support.wait_until(lambda: "has no database" in no_db.log(), 20, "the missing database named", describe=no_db.log)
+    line = next(line for line in no_db.log().splitlines() if "has no database" in line)
+    assert f"has no database {missing!r}" in line and "--init-db" in line and "--influx-db" in line, line
+    assert no_db.terminate() in (0, 75)
+    # the database that exists: no such line
+    fine = collector_process(
+        "--insecure", "--influx-url", influxdb.server.url, "--influx-db", influxdb.name, "--wal", str(tmp_path / "w3")
+    ).start()
+    support.wait_until(
+        lambda: "serving on port" in fine.log(), 20, '"serving on port" in fine.log()'
+    )  # logged after the InfluxDB check at start
+    assert fine.terminate() == 0
+    assert "has no database" not in fine.log() and "is unreachable" not in fine.log(), fine.log()

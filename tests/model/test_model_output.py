@@ -3,6 +3,12 @@ real InfluxDB bit for bit, floats included (fast: no probe, a hand-made result).
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from gpuprobe.devservices import InfluxDBDatabase
@@ -94,3 +100,17 @@ def test_model_points_read_back_bit_for_bit(influxdb: InfluxDBDatabase) -> None:
         assert row["time"] == END_NS and row["host"] == "rack 1,node=a" and row["probe"] == "p-roundtrip"
         for name, value in expected.items():
             assert float(row[name]).hex() == float(value).hex(), (kind, name, row[name], value)
+
+
+def test_model_prints_no_library_lines_at_the_default_log_level(influxdb: InfluxDBDatabase, tmp_path: Path) -> None:
+    """It printed about 14 `INFO httpx: HTTP Request: ...` lines, one per query."""
+    base = [sys.executable, "-m", "gpuprobe"]
+    args = ["model", "--from", "now-1h", "--influx-url", influxdb.server.url, "--influx-db", influxdb.name]
+    args += ["--out", str(tmp_path / "out")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+    quiet = subprocess.run([*base, *args], capture_output=True, text=True, timeout=120, env=env)
+    lines = (quiet.stdout + quiet.stderr).splitlines()
+    assert not [line for line in lines if re.search(r" (INFO|DEBUG) (httpx|httpcore|urllib3)\b", line)], lines
+    # the same run with --log-level debug (anywhere on the line) shows them: the queries were made
+    loud = subprocess.run([*base, *args, "--log-level", "debug"], capture_output=True, text=True, timeout=120, env=env)
+    assert "HTTP Request: " in loud.stderr, loud.stderr[-2000:]
