@@ -54,12 +54,11 @@ lint: venv node
 typecheck: venv
 	$(PY) tools/typecheck.py
 
-# Two workers: most tests wait on processes and sockets rather than compute. Tests marked `serial` (a
-# stated load they tolerate, the whole machine) run first, alone; exit 5 is "none selected".
-# Durations are printed so that a slow newcomer is visible in CI's log.
+# Two workers: most tests wait on processes and sockets rather than compute; every test is isolated by
+# port, directory and database (tests/README.md). Durations are printed so that a slow newcomer is
+# visible in CI's log.
 unit: deps
-	$(VENV)/bin/pytest -q -m serial --durations=10 || [ $$? -eq 5 ]
-	$(VENV)/bin/pytest -q -n 2 -m "not serial" --durations=25
+	$(VENV)/bin/pytest -q -n 2 --durations=25
 
 test: deps lint typecheck unit
 
