@@ -58,7 +58,7 @@ typecheck: venv
 # port, directory and database (tests/README.md). Durations are printed so that a slow newcomer is
 # visible in CI's log.
 unit: deps
-	$(VENV)/bin/pytest -q -n 2 --durations=25
+	$(VENV)/bin/pytest -q -n 2 --dist worksteal --durations=25
 
 test: deps lint typecheck unit
 

@@ -267,16 +267,22 @@ def test_install_warns_for_a_program_under_any_path_the_unit_hides(tmp_path: Pat
     assert "warning:" in done.stdout and "PrivateTmp=yes" in done.stdout and "203/EXEC" in done.stdout, done.stdout
     home = install("--collector", "c1", "--root", str(tmp_path / "r2"), "--executable", "/home/alice/bin/gpuprobe")
     assert "ProtectHome=yes" in home.stdout, home.stdout
-    # a script outside the hidden paths whose interpreter is hidden (a venv under /tmp) fails the same way
-    script = REPO / f".install-test-{os.getpid()}"
-    script.write_text(f"#!{venv_python}\n")
+    # a script outside the hidden paths whose interpreter is hidden (a venv under /tmp) fails the same way;
+    # /opt, not the repository, which may itself be checked out under /tmp or /home
+    if not os.access("/opt", os.W_OK):
+        pytest.skip("needs to write a script under /opt, outside every path the unit hides (CI runs as root)")
+    outside = Path("/opt") / f"gpuprobe-install-test-{os.getpid()}"
+    outside.mkdir()
     try:
+        script = outside / "hidden-interpreter"
+        script.write_text(f"#!{venv_python}\n")
         shebang = install("--collector", "c1", "--root", str(tmp_path / "r3"), "--executable", str(script))
+        assert f"{venv_python} ({script} runs it) is under /tmp" in shebang.stdout, shebang.stdout
+        # a program outside every hidden path, run by an interpreter outside them too, gets no warning
+        program = outside / "gpuprobe"
+        program.write_text("#!/usr/bin/python3\n")
+        program.chmod(0o755)
+        fine = install("--collector", "c1", "--root", str(tmp_path / "r4"), "--executable", str(program))
     finally:
-        script.unlink()
-    assert f"{venv_python} ({script} runs it) is under /tmp" in shebang.stdout, shebang.stdout
-    # this installation (the repository's .venv, outside every hidden path) gets no warning
-    fine = install(
-        "--collector", "c1", "--root", str(tmp_path / "r4"), "--executable", str(REPO / ".venv/bin/gpuprobe")
-    )
+        shutil.rmtree(outside)
     assert fine.returncode == 0 and "warning:" not in fine.stdout, fine.stdout

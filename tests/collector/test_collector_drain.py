@@ -221,14 +221,13 @@ def test_sigterm_with_influxdb_refusing_the_credentials_ends_at_once_and_the_nex
 
         async def scenario() -> None:
             fleet.start()
-            await asyncio.sleep(1.0)
+            await wait_until(lambda: fleet.all_acked_beyond([2, 2]), 30, "two batches of each agent acked")
             await fleet.finish()  # everything acked: durable in the WAL only
 
         asyncio.run(scenario())
-        deadline = time.monotonic() + 10
-        while "refuses the collector's writes (HTTP 401" not in wrong.log():
-            assert time.monotonic() < deadline, wrong.log()
-            time.sleep(0.05)
+        support.wait_until(
+            lambda: "refuses the collector's writes (HTTP 401" in wrong.log(), 10, "the 401 alert", describe=wrong.log
+        )
         started = time.monotonic()
         assert wrong.terminate() == EXIT_WAL_LEFT
         took_s = time.monotonic() - started
@@ -243,10 +242,7 @@ def test_sigterm_with_influxdb_refusing_the_credentials_ends_at_once_and_the_nex
             series = influx.query("auth", "SELECT count(power_w) FROM gpu")
             return int(series[0].values[0][1]) if series else 0
 
-        deadline = time.monotonic() + 30
-        while stored() < fleet.total:
-            assert time.monotonic() < deadline, right.log()
-            time.sleep(0.1)
+        support.wait_until(lambda: stored() >= fleet.total, 30, "every sample in InfluxDB", describe=right.log)
         assert right.terminate() == 0, right.log()
         assert_exactly_once(influx, "auth", fleet.sent)
         assert pending_lines(wal) == 0

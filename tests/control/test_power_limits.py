@@ -510,7 +510,7 @@ def test_control_agents_restore_leftovers_at_start_and_take_the_option(node: Nod
         try:
             for text in expected:
                 _wait_for(log_path, text, proc)
-            _wait_for(log_path, "cannot talk to the MQTT broker", proc)  # past the start-up
+            _wait_for(log_path, "nothing listens at the MQTT broker", proc)  # past the start-up
         finally:
             proc.kill()
             proc.wait()

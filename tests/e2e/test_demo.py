@@ -3,7 +3,10 @@ a summary table on the terminal, and nothing left running or lying around."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,7 +17,8 @@ import pytest
 from gpuprobe.demo import NODE_LABELS
 from gpuprobe.devservices.browser import screenshot
 
-pytestmark = pytest.mark.slow
+# the demo's phases are real time (about 5 minutes alone, more beside another worker)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def demo_processes() -> set[int]:
@@ -35,12 +39,23 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
     processes_before = demo_processes()
     out = tmp_path / "report"
     phases = ["--idle", "8", "--steady", "30", "--cooldown", "20", "--start-in", "30", "--study-steady", "10"]
-    result = subprocess.run(
+    # its own process group, so that a demo that fails or hangs leaves no InfluxDB, agents or simulator
+    # behind to load the rest of the suite
+    demo = subprocess.Popen(
         [sys.executable, "-m", "gpuprobe", "demo", "--out", str(out), *phases],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = demo.communicate(timeout=840)
+    except BaseException:  # a timeout, pytest-timeout's own: the demo's processes go with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo.pid, signal.SIGKILL)
+        demo.wait()
+        raise
+    result = subprocess.CompletedProcess(demo.args, demo.returncode, stdout, stderr)
     assert result.returncode == 0, result.stderr[-3000:]
     # progress while it runs, then the results and the summary table
     assert "both agents are online" in result.stderr
