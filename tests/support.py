@@ -71,9 +71,18 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _describe(value: object) -> str:
-    text = repr(value)
+def _seen(describe: Callable[[], object] | None, value: object) -> str:
+    """What the failure shows: ``describe()`` when given (a log's tail), else the predicate's value."""
+    text = repr(describe() if describe is not None else value)
     return text if len(text) <= 400 else text[:400] + "…"
+
+
+def _timed_out(what: str, timeout_s: float, describe: Callable[[], object] | None, value: object) -> AssertionError:
+    return AssertionError(f"timed out after {timeout_s:g} s waiting for {what}; last seen: {_seen(describe, value)}")
+
+
+def _broke(what: str, duration_s: float, describe: Callable[[], object] | None, value: object) -> AssertionError:
+    return AssertionError(f"{what} stopped holding before {duration_s:g} s had passed; seen: {_seen(describe, value)}")
 
 
 def wait_until(
@@ -95,8 +104,7 @@ def wait_until(
         if value:
             return value
         if time.monotonic() >= deadline:
-            seen = describe() if describe is not None else value
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}; last seen: {_describe(seen)}")
+            raise _timed_out(what, timeout_s, describe, value)
         time.sleep(min(interval_s, MAX_TEST_SLEEP_S))
 
 
@@ -117,8 +125,7 @@ async def wait_until_async(
         if value:
             return value  # type: ignore[no-any-return]
         if time.monotonic() >= deadline:
-            seen = describe() if describe is not None else value
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}; last seen: {_describe(seen)}")
+            raise _timed_out(what, timeout_s, describe, value)
         await asyncio.sleep(min(interval_s, MAX_TEST_SLEEP_S))
 
 
@@ -139,8 +146,7 @@ def stays(
     while True:
         value = predicate()
         if not value:
-            seen = describe() if describe is not None else value
-            raise AssertionError(f"{what} stopped holding before {duration_s:g} s had passed; seen: {_describe(seen)}")
+            raise _broke(what, duration_s, describe, value)
         if time.monotonic() >= deadline:
             return
         time.sleep(min(interval_s, MAX_TEST_SLEEP_S))
@@ -159,8 +165,7 @@ async def stays_async(
     while True:
         value = predicate()
         if not value:
-            seen = describe() if describe is not None else value
-            raise AssertionError(f"{what} stopped holding before {duration_s:g} s had passed; seen: {_describe(seen)}")
+            raise _broke(what, duration_s, describe, value)
         if time.monotonic() >= deadline:
             return
         await asyncio.sleep(min(interval_s, MAX_TEST_SLEEP_S))
