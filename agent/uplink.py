@@ -180,6 +180,8 @@ class Uplink:
         self._fresh: deque[Stored] = deque(maxlen=max(1, settings.max_in_flight_batches))
         self.acked_through = 0  # highest seq acknowledged (on any stream of this process)
         self.last_ack_unix_ns = 0  # when the last batch was acknowledged (the control plane's presence)
+        #: how far this node's clock is ahead of the collector's, in s, from the last Welcome (None before)
+        self.clock_offset_s: float | None = None
         self._deleted_through = 0  # highest seq deleted from the spool
         self._last_delete = time.monotonic()
         self._sent_through = 0  # highest seq written on the current stream (0 when there is none)
@@ -364,7 +366,7 @@ class Uplink:
             return
         if error.code in AUTH_CODES + REFUSED_CODES:
             log.error(
-                "collector %s refused the agent%s (%s: %s): %s; %s; retrying in %.0f s",
+                "collector %s refused the agent%s (%s: %s): %s; %s; retrying in %g s",
                 session.target,
                 "'s credentials" if error.code in AUTH_CODES else "",
                 error.code.name if error.code else "",
@@ -481,15 +483,19 @@ class Uplink:
             stream = channel.stream_stream(
                 METHOD, request_serializer=_identity, response_deserializer=telemetry_pb2.StreamResponse.FromString
             )
+            # the Hello is ready before the stream opens and no batch is written before the Welcome: a
+            # write that races the collector's refusal loses the refusal's code in grpcio (grpc/grpc#36066:
+            # the client then reports INTERNAL), and a refused agent would retry on the ordinary backoff
+            # instead of --auth-retry
+            hello = self._hello(self._unacked(await self._spool.state()))
+            session.cursor = session.acked = self.acked_through  # acknowledged already: not sent again
             call = stream(metadata=metadata)
             self._call = call
-            state = self._unacked(await self._spool.state())
-            hello = self._hello(state)
-            session.cursor = session.acked = self.acked_through  # acknowledged already: not sent again
             try:
                 await call.write(telemetry_pb2.StreamRequest(hello=hello).SerializeToString())
             except Exception as e:
                 raise await _ended(call, e) from None
+            await self._receive_welcome(call, session)
             sender = asyncio.create_task(self._send(call, session))
             receiver = asyncio.create_task(self._receive(call, session))
             try:
@@ -552,28 +558,32 @@ class Uplink:
                     raise await _ended(call, e) from None
                 self._counters.add(batches_sent=1, samples_sent=item.samples)
 
+    async def _receive_welcome(self, call: Any, session: _Session) -> None:
+        try:
+            response = await asyncio.wait_for(call.read(), self.settings.welcome_timeout_s)
+        except TimeoutError:
+            raise SessionError(f"no Welcome within {self.settings.welcome_timeout_s:g} s") from None
+        except Exception as e:
+            raise await _ended(call, e) from None
+        if response is grpc.aio.EOF:
+            code = await call.code()
+            raise SessionError(await call.details() or "the collector ended the stream before its Welcome", code)
+        if response.WhichOneof("kind") != "welcome":
+            raise SessionError(f"the collector answered the Hello with {response.WhichOneof('kind')}, not a Welcome")
+        self._welcomed(session, response.welcome)
+
     async def _receive(self, call: Any, session: _Session) -> None:
-        first = True
         while True:
             try:
-                if first and not session.welcomed:
-                    response = await asyncio.wait_for(call.read(), self.settings.welcome_timeout_s)
-                else:
-                    response = await call.read()
-            except TimeoutError:
-                raise SessionError(f"no Welcome within {self.settings.welcome_timeout_s:g} s") from None
+                response = await call.read()
             except Exception as e:
                 raise await _ended(call, e) from None
-            first = False
             if response is grpc.aio.EOF:
                 code = await call.code()
                 if code != grpc.StatusCode.OK:
                     raise SessionError(await call.details() or code.name, code)
                 return
-            kind = response.WhichOneof("kind")
-            if kind == "welcome":
-                self._welcomed(session, response.welcome)
-            elif kind == "ack":
+            if response.WhichOneof("kind") == "ack":
                 await self._acked(session, response.ack)
 
     def _welcomed(self, session: _Session, welcome: telemetry_pb2.Welcome) -> None:
@@ -583,6 +593,9 @@ class Uplink:
         self.state_changed.set()
         self._counters.set(connected=1)
         skew_s = (time.time_ns() - welcome.time_unix_ns) / 1e9 if welcome.time_unix_ns else 0.0
+        if welcome.time_unix_ns:
+            self.clock_offset_s = skew_s
+            self._counters.set(clock_offset_ms=round(skew_s * 1000))
         log.info(
             "streaming to collector %s (%s %s)%s",
             session.target,

@@ -228,3 +228,24 @@ def test_a_plaintext_agent_against_a_tls_collector_is_told_to_use_tls(
     assert "--tls-ca" in line.group(0), line.group(0)
     assert agent.terminate() == 0
     assert receiver.batches() == []
+
+
+def test_a_refused_token_is_named_at_every_attempt_even_with_batches_waiting(
+    tmp_path: Path, receiver_factory: Callable[..., Receiver], agent_factory: AgentFactory
+) -> None:
+    """A collector that refuses the token at the start of the stream while the agent has spooled batches
+    to send: every attempt ends with UNAUTHENTICATED and waits --auth-retry. Batches written before the
+    Welcome raced the refusal, gRPC then reported INTERNAL with the reason lost (grpc/grpc#36066), and
+    every other attempt was logged as a plain disconnect and retried on the ordinary backoff."""
+    receiver = receiver_factory("--token", "right")
+    sim = machine(tmp_path / "sim", ["H100-SXM5-80GB", "H100-SXM5-80GB"])
+    agent = agent_factory(
+        sim, [receiver.address], "--token", "guess", "--auth-retry", "0.2", "--metrics-listen", "127.0.0.1:0"
+    )
+    wait_until(lambda: spooled_batches(tmp_path / "spool") >= 2, 20, "2 batches spooled", interval_s=0.1)
+    wait_until(lambda: agent.metrics()["gpuprobe_agent_reconnects_total"] >= 12, 30, "12 attempts", interval_s=0.2)
+    assert "refused the agent's credentials (UNAUTHENTICATED" in agent.log()
+    assert "reason is lost" not in agent.log()
+    assert "retrying in 0.2 s" in agent.log()
+    assert agent.terminate() == 0
+    assert receiver.batches() == []
