@@ -46,6 +46,7 @@ class Totals:
     recorder_samples: int = 0
     recorder_bytes: int = 0
     high_resolution: int = 0
+    clock_offset_ms: int = 0
 
 
 GAUGES = {
@@ -57,6 +58,7 @@ GAUGES = {
     "recorder_samples",
     "recorder_bytes",
     "high_resolution",
+    "clock_offset_ms",
 }
 
 HELP = {
@@ -87,6 +89,8 @@ HELP = {
     "recorder_samples": "Raw GPU samples held by the spool's flight recorder.",
     "recorder_bytes": "Bytes held by the spool's flight recorder.",
     "high_resolution": "1 while every GPU sample is shipped (a probe, a trigger's window or --resolution full).",
+    "clock_offset_ms": "How far this node's clock is ahead of its collector's (negative: behind), in ms, at the last"
+    " Welcome; from 1 s either way the collector moves the node's timestamps onto its own clock.",
 }
 
 

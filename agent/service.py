@@ -365,6 +365,7 @@ class Agent:
             "uplink_connected": self.uplink.connected_to is not None,
             "spool_bytes": self.counters.snapshot().spool_bytes,
             "last_ack_unix_ns": self.uplink.last_ack_unix_ns,
+            "clock_offset_s": self.uplink.clock_offset_s,
         }
 
     def _current_infos(self) -> list[common_pb2.GpuInfo]:

@@ -375,11 +375,20 @@ class StreamEncoder:
 
     # --- public ----------------------------------------------------------------------------------
 
-    def encode(self, batch: telemetry_pb2.SampleBatch, now_ns: int, request: bytes | None = None) -> EncodedBatch:
+    def encode(
+        self,
+        batch: telemetry_pb2.SampleBatch,
+        now_ns: int,
+        request: bytes | None = None,
+        *,
+        clock_offset_ns: int | None = None,
+    ) -> EncodedBatch:
         """All samples of ``batch`` that can be stored, as line protocol, plus the problems found.
 
         ``request``: the serialized ``StreamRequest`` that ``batch`` was parsed from, if the caller
-        kept it (optional; it makes finding the health samples cheaper, the result is the same)."""
+        kept it (optional; it makes finding the health samples cheaper, the result is the same).
+        ``clock_offset_ns``: how far the agent's clock was off at the stream's Hello (``clock.py``),
+        stored with its health point."""
         problems = Problems(seq=batch.seq)
         low, high = self.limits.time_window_ns(now_ns)
         out: list[bytes] = []
@@ -405,7 +414,7 @@ class StreamEncoder:
         for i, event in enumerate(batch.probe_events):
             self._encode_probe_event(i, event, low, high, problems, out)
         if batch.HasField("stats"):
-            self._encode_stats(batch, low, high, problems, out)
+            self._encode_stats(batch, clock_offset_ns, low, high, problems, out)
         for i, info in enumerate(batch.gpu_info):
             self._encode_gpu_info(i, info, batch.created_unix_ns, low, high, problems, out)
         if batch.gpu_events or batch.process_samples or batch.nvlink_samples or batch.mig_samples:
@@ -965,7 +974,13 @@ class StreamEncoder:
         out.append(f"{prefix}{','.join(texts)} {time_ns}\n".encode())
 
     def _encode_stats(
-        self, batch: telemetry_pb2.SampleBatch, low: int, high: int, problems: Problems, out: list[bytes]
+        self,
+        batch: telemetry_pb2.SampleBatch,
+        clock_offset_ns: int | None,
+        low: int,
+        high: int,
+        problems: Problems,
+        out: list[bytes],
     ) -> None:
         time_ns = batch.created_unix_ns
         where = f"stats (created_unix_ns {time_ns})"
@@ -973,6 +988,8 @@ class StreamEncoder:
             problems.value(TIMESTAMP_OUT_OF_RANGE, f"{where}: out of range; agent health point dropped")
             return
         parts = _checked_fields(batch.stats, AGENT_SPECS, problems, where)
+        if clock_offset_ns is not None:
+            parts.append(f"clock_offset_s={float_text(clock_offset_ns / 1e9)}")
         if parts:
             out.append(f"{self._agent_prefix}{','.join(parts)} {time_ns}\n".encode())
 

@@ -61,9 +61,9 @@ class Metrics:
             "Samples stored with a timestamp outside the window (--timestamp-policy flag)",
             registry=r,
         )
-        self.clock_skew_warnings = Counter(
-            "gpuprobe_collector_clock_skew_warnings",
-            "Agents whose Hello clock differed from the collector's by more than --max-clock-skew",
+        self.clock_corrected_streams = Counter(
+            "gpuprobe_collector_clock_corrected_streams",
+            "Streams of agents whose clock was a second or more off the collector's (their timestamps moved)",
             registry=r,
         )
         self.wal_queued_lines = Gauge(

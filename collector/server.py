@@ -31,6 +31,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from gpuprobe import __version__
+from gpuprobe.collector import clock
 from gpuprobe.collector.auth import Authenticator
 from gpuprobe.collector.encode import StreamEncoder
 from gpuprobe.collector.metrics import Metrics
@@ -136,13 +137,16 @@ class TelemetryService:
         hello = first.hello
         identity = check_hello(hello, self.limits)
         self.auth.authorize(principal, identity.agent_id)
-        now_ns = time.time_ns()
-        if hello.time_unix_ns and abs(hello.time_unix_ns - now_ns) > self.limits.max_clock_skew_s * NS_PER_S:
-            self.metrics.clock_skew_warnings.inc()
+        offset_ns = clock.measured_offset_ns(hello, time.time_ns())
+        correction_ns = clock.correction_ns(offset_ns)
+        if correction_ns:
+            self.metrics.clock_corrected_streams.inc()
             log.warning(
-                "agent %s: its clock is %+.1f s off the collector's",
+                "agent %s: its clock is %+.1f s off the collector's; its timestamps are moved by %+d s onto"
+                " the collector's clock (the offset is stored as agent clock_offset_s)",
                 identity.agent_id,
-                (hello.time_unix_ns - now_ns) / NS_PER_S,
+                offset_ns / NS_PER_S,
+                -correction_ns // NS_PER_S,
             )
         durable = self.wal.durable_seq(identity.agent_id, hello.spool_id)
         log.info(
@@ -168,7 +172,7 @@ class TelemetryService:
         queue: asyncio.Queue[_Pending | _End | StreamError] = asyncio.Queue()
         window = asyncio.Semaphore(max(1, self.config.stream_window))
         self._streams.add(queue)
-        reader = asyncio.create_task(self._read(incoming, identity, hello.spool_id, queue, window))
+        reader = asyncio.create_task(self._read(incoming, identity, hello.spool_id, offset_ns, queue, window))
         try:
             held: _Pending | _End | StreamError | None = None
             while True:
@@ -220,11 +224,13 @@ class TelemetryService:
         incoming: AsyncIterator[bytes],
         identity: Identity,
         spool_id: str,
+        clock_offset_ns: int,
         queue: asyncio.Queue[_Pending | _End | StreamError],
         window: asyncio.Semaphore,
     ) -> StreamError | None:
         """Reads, checks and encodes the batches into the WAL; returns the error that ended the stream."""
         last_seq = 0
+        correction_ns = clock.correction_ns(clock_offset_ns)
         try:
             async for raw in incoming:
                 request = _parse(raw)
@@ -265,8 +271,13 @@ class TelemetryService:
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"the collector's WAL is full ({self.wal.depth_bytes} bytes queued for InfluxDB); retry later",
                     )
-                # the request's bytes spare the encoder serializing the batch again (finding health samples)
-                encoded = self._encoder(identity).encode(batch, time.time_ns(), raw)
+                if correction_ns:
+                    clock.shift_batch(batch, correction_ns)
+                # the request's bytes spare the encoder serializing the batch again (finding health
+                # samples); a moved batch is no longer what they say
+                encoded = self._encoder(identity).encode(
+                    batch, time.time_ns(), None if correction_ns else raw, clock_offset_ns=clock_offset_ns
+                )
                 self._count(encoded.sample_count, encoded.line_count, encoded.problems)
                 stored = self.wal.append(identity.agent_id, spool_id, batch.seq, encoded.lines, encoded.line_count)
                 future = asyncio.ensure_future(self._written(stored)) if self.ack_after_sink else stored

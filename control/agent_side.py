@@ -327,6 +327,8 @@ class ControlClient:
             presence.uplink_connected = bool(extra.get("uplink_connected", False))
             presence.spool_bytes = int(extra.get("spool_bytes", 0))
             presence.last_ack_unix_ns = int(extra.get("last_ack_unix_ns", 0))
+            if extra.get("clock_offset_s") is not None:
+                presence.clock_offset_s = float(extra["clock_offset_s"])
         return presence
 
     def _probe_done(self) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 from gpuprobe.control import signing
 from gpuprobe.control.gpus import health_name
 from gpuprobe.v1 import common_pb2, control_pb2
+from gpuprobe.wire.validate import CLOCK_CORRECTED_FROM_S
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -134,6 +135,12 @@ def fleet_table(presences: Sequence[control_pb2.AgentPresence]) -> str:
         for p in presences
         for g in unhealthy(p)
     ]
+    notes += [
+        f"{p.identity.host}: clock {p.clock_offset_s:+.1f} s off its collector's (its samples are stored on the"
+        " collector's clock)"
+        for p in presences
+        if p.HasField("clock_offset_s") and abs(p.clock_offset_s) >= CLOCK_CORRECTED_FROM_S
+    ]
     return out + ("\n\n" + "\n".join(notes) if notes else "")
 
 
@@ -159,6 +166,7 @@ def presence_dict(p: control_pb2.AgentPresence) -> dict[str, Any]:
         "probe": p.probe_id,
         "uplink_connected": p.uplink_connected,
         "spool_bytes": p.spool_bytes,
+        "clock_offset_s": p.clock_offset_s if p.HasField("clock_offset_s") else None,
     }
 
 

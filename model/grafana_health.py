@@ -475,6 +475,22 @@ ALERT_RULES: tuple[AlertRule, ...] = (
         panel="Agent batches reporting (stats points per 10 s)",
     ),
     AlertRule(
+        uid="gpuprobe-agent-clock-off",
+        title="Agent clock off",
+        query='SELECT abs(last("clock_offset_s")) FROM "agent" WHERE $timeFilter GROUP BY "host"',
+        range_s=300,
+        op="gt",
+        threshold=1,
+        for_="0s",
+        severity="warning",
+        summary="The clock of {{ $labels.host }} is {{ $values.B }} s off its collector's",
+        description="The node's time synchronisation has failed (chrony/ntpd, a dead RTC battery, a VM resumed "
+        "from suspension): its samples are stored on the collector's clock, moved in whole seconds, but its "
+        "signed commands and probe slots run on its own clock (docs/operations.md, A node with a wrong clock)",
+        dashboard="gpuprobe-health",
+        panel="Agent spool",
+    ),
+    AlertRule(
         uid="gpuprobe-agent-spool-growing",
         title="Agent spool growing",
         query='SELECT last("spool_bytes") - first("spool_bytes") FROM "agent" WHERE $timeFilter GROUP BY "host"',

@@ -174,7 +174,7 @@ class CommandReply(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., host: _Optional[str] = ..., accepted: _Optional[bool] = ..., reason: _Optional[_Union[RefusalReason, str]] = ..., message: _Optional[str] = ..., time_unix_ns: _Optional[int] = ..., probe_id: _Optional[str] = ...) -> None: ...
 
 class AgentPresence(_message.Message):
-    __slots__ = ("state", "identity", "agent_version", "gpus", "last_seen_unix_ns", "started_unix_ns", "workloads", "probe_id", "sample_interval_s", "uplink_connected", "spool_bytes", "last_ack_unix_ns", "gpu_health")
+    __slots__ = ("state", "identity", "agent_version", "gpus", "last_seen_unix_ns", "started_unix_ns", "workloads", "probe_id", "sample_interval_s", "uplink_connected", "spool_bytes", "last_ack_unix_ns", "gpu_health", "clock_offset_s")
     STATE_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,7 @@ class AgentPresence(_message.Message):
     SPOOL_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAST_ACK_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     GPU_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_OFFSET_S_FIELD_NUMBER: _ClassVar[int]
     state: AgentState
     identity: _common_pb2.AgentIdentity
     agent_version: str
@@ -201,7 +202,8 @@ class AgentPresence(_message.Message):
     spool_bytes: int
     last_ack_unix_ns: int
     gpu_health: _containers.RepeatedCompositeFieldContainer[GpuHealthStatus]
-    def __init__(self, state: _Optional[_Union[AgentState, str]] = ..., identity: _Optional[_Union[_common_pb2.AgentIdentity, _Mapping[str, object]]] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuInfo, _Mapping[str, object]]]] = ..., last_seen_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., workloads: _Optional[_Iterable[str]] = ..., probe_id: _Optional[str] = ..., sample_interval_s: _Optional[float] = ..., uplink_connected: _Optional[bool] = ..., spool_bytes: _Optional[int] = ..., last_ack_unix_ns: _Optional[int] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealthStatus, _Mapping[str, object]]]] = ...) -> None: ...
+    clock_offset_s: float
+    def __init__(self, state: _Optional[_Union[AgentState, str]] = ..., identity: _Optional[_Union[_common_pb2.AgentIdentity, _Mapping[str, object]]] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuInfo, _Mapping[str, object]]]] = ..., last_seen_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., workloads: _Optional[_Iterable[str]] = ..., probe_id: _Optional[str] = ..., sample_interval_s: _Optional[float] = ..., uplink_connected: _Optional[bool] = ..., spool_bytes: _Optional[int] = ..., last_ack_unix_ns: _Optional[int] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealthStatus, _Mapping[str, object]]]] = ..., clock_offset_s: _Optional[float] = ...) -> None: ...
 
 class GpuHealthStatus(_message.Message):
     __slots__ = ("index", "health", "reason")

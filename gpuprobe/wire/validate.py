@@ -52,6 +52,9 @@ from gpuprobe.influx.storable import CONTROL_CHARS, INT64_MAX, tag_value_problem
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 NS_PER_S = 1_000_000_000
+#: A collector moves the timestamps of an agent whose clock is this far off its own (in s, either way;
+#: ``collector/clock.py``); below it they are stored as stamped.
+CLOCK_CORRECTED_FROM_S = 1.0
 
 # hwmon sensor names as the contract defines them (lower case, digits, underscore).
 _SENSOR_NAME = re.compile(r"[a-z0-9_]{1,64}")

@@ -47,7 +47,7 @@ def documented_fields(measurement: str) -> dict[str, str]:
         ("node", NODE_SPECS, {"hwmon_<sensor>_c": "float"}),
         ("acoustic", ACOUSTIC_SPECS, {}),
         ("trainer", TRAINER_SPECS, {"phase": "string"}),
-        ("agent", AGENT_SPECS, {}),
+        ("agent", AGENT_SPECS, {"clock_offset_s": "float"}),  # the collector's measurement, not AgentStats
         (
             "gpu_info",
             GPU_INFO_SPECS,

@@ -303,7 +303,7 @@ def wait_stored(
     required = {"gpu": "power_w", "node": "cpu_pct", "acoustic": "est_dba", "trainer": "step", "probe": "kind"}
 
     def stored() -> dict[str, dict[str, int]]:
-        counts: dict[str, dict[str, int]] = {h: {} for h in NODES}
+        counts: dict[str, dict[str, int]] = {h: {} for h in taken}
         for m in measurements:
             if m in required:
                 for row in influx_rows(influxdb, f'SELECT count("{required[m]}") FROM "{m}" GROUP BY "host"'):
@@ -317,7 +317,7 @@ def wait_stored(
 
     def complete() -> dict[str, dict[str, int]] | None:
         counts = stored()
-        return counts if all(sum(counts[h].values()) >= taken[h] for h in NODES) else None
+        return counts if all(sum(counts[h].values()) >= taken[h] for h in taken) else None
 
     try:
         counts = wait_until(complete, 30, "every sample in InfluxDB", interval_s=0.5)

@@ -11,6 +11,8 @@ the GPU events when they happen and the agent's stats in every batch.
   from ``THROTTLE_FROM_S`` on, PCIe replays and NVLink CRC errors that keep growing, and a spool
   that grows (the agent cannot deliver as fast as it samples). It is MIG-enabled (two instances).
 - ``node-h3`` GPU 0 is healthy, but its agent falls silent ``SILENT_S`` seconds before the end.
+- ``node-h1``'s clock is 15 minutes fast from ``CLOCK_OFF_FROM_S`` on (its streams' ``clock_offset_s``);
+  the others keep time to within a millisecond.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ SPAN_S = 240
 FAIL_AT_S = 30  # before the end
 THROTTLE_FROM_S = 60  # after the start
 SILENT_S = 90  # before the end
+CLOCK_OFF_FROM_S = 120  # after the start
+CLOCK_OFF_NS = 900 * S
 MODEL = "NVIDIA H100 80GB HBM3"
 GIB = 1024**3
 XID_79 = "GPU has fallen off the bus"
@@ -37,6 +41,7 @@ FAULTY = {
     "thermal": {("node-h2", "0")},
     "silent": {("node-h3",)},
     "spool": {("node-h2",)},
+    "clock": {("node-h1",)},
 }
 NODES = {"node-h1": 2, "node-h2": 1, "node-h3": 1}
 
@@ -226,7 +231,8 @@ def write_health_fleet(server: InfluxDBServer, db: str, end_ns: int) -> HealthFl
             batch = _batch(host, t_s + 1, t_ns, t_s, spool)
             batch.gpu_events.extend(_events(host, t_ns, t_s))
             fleet.kinds.update(telemetry_pb2.GpuEventKind.Name(e.kind) for e in batch.gpu_events)
-            encoded = encoder.encode(batch, now_ns=end_ns)
+            offset_ns = CLOCK_OFF_NS if host == "node-h1" and t_s >= CLOCK_OFF_FROM_S else 400_000
+            encoded = encoder.encode(batch, now_ns=end_ns, clock_offset_ns=offset_ns)
             assert not encoded.problems, encoded.problems.rejections()
             chunks.append(encoded.lines)
             fleet.lines += encoded.line_count

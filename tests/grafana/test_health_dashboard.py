@@ -235,6 +235,7 @@ RULE_FAULT = {
     "gpuprobe-gpu-thermal-slowdown": "thermal",
     "gpuprobe-agent-silent": "silent",
     "gpuprobe-agent-spool-growing": "spool",
+    "gpuprobe-agent-clock-off": "clock",
 }
 
 
@@ -255,7 +256,7 @@ def test_each_alert_fires_for_the_faulty_gpu_or_host_only(influxdb: InfluxDBData
         assert set(values) <= every_gpu | every_host, (uid, values)
         if uid == "gpuprobe-gpu-thermal-slowdown":  # every GPU has a value: healthy ones under the threshold
             assert set(values) == every_gpu, (uid, values)
-        if uid in ("gpuprobe-agent-silent", "gpuprobe-agent-spool-growing"):
+        if uid in ("gpuprobe-agent-silent", "gpuprobe-agent-spool-growing", "gpuprobe-agent-clock-off"):
             assert set(values) == every_host, (uid, values)
 
 
