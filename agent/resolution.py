@@ -176,7 +176,10 @@ class ResolutionPolicy:
         self.hires_after_ns = round(hires_after_s * 1e9)
         self.flight_recorder_ns = round(flight_recorder_s * 1e9)
         self._hires_until_ns = 0  # end of the trigger window (0: none yet)
-        self._probes: set[str] = set()  # probes running on this node
+        # probes running on this node -> the GPUs whose trainers run them (None: a trainer on the CPU); a
+        # probe ends when the last of them has ended, not at the first GPU's end (a study's GPUs finish
+        # their last point seconds apart, and the slower one's steady window must not meet aggregates)
+        self._probes: dict[str, set[int | None]] = {}
         self._pending: list[dict[str, Any]] = []  # samples of intervals not yet complete
         self._open = False  # whether a window was open at the last take
         self._probe_ended_ns = 0  # when the last running probe ended
@@ -210,13 +213,18 @@ class ResolutionPolicy:
             if e.kind in FAULT_EVENT_KINDS:
                 self._trigger(e.time_unix_ns)
         for p in probe_events:
+            gpu = p.gpu_index if p.HasField("gpu_index") else None
             if p.kind == telemetry_pb2.PROBE_EVENT_KIND_END:
-                if p.probe_id in self._probes:
+                running = self._probes.get(p.probe_id)
+                if running is None:
+                    continue
+                running.discard(gpu)
+                if not running:
+                    del self._probes[p.probe_id]
                     self._probe_ended_ns = max(self._probe_ended_ns, p.time_unix_ns)
-                self._probes.discard(p.probe_id)
             elif p.kind in (telemetry_pb2.PROBE_EVENT_KIND_START, telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE):
                 # a phase change of a probe not seen starting: the agent restarted during it
-                self._probes.add(p.probe_id)
+                self._probes.setdefault(p.probe_id, set()).add(gpu)
 
     def _trigger(self, time_ns: int) -> None:
         self.triggers += 1

@@ -5,7 +5,8 @@
    the refusals (``kind = point_refused``).
 2. The trainers' throughput: the ``trainer`` reports of the study in phase ``steady``, by host, GPU,
    ``point`` field and ``device`` tag (``sim``: the simulator's performance model).
-3. Per host, the ``gpu`` samples (power, energy counter, temperature, enforced limit, SM clock) and the
+3. Per host, the raw ``gpu`` samples (power, energy counter, temperature, enforced limit, SM clock;
+   not the agent's aggregates, whose counters are their interval's last reading stamped at its start) and the
    proxy level (``acoustic``, ``source=proxy``) of each span of overlapping steady windows, with
    ``EDGE_MARGIN_NS`` on both sides so the energy counter can be interpolated at the windows' ends;
    each window is reduced at once (:func:`gpuprobe.study.analysis.window_stats`), so memory stays
@@ -31,6 +32,7 @@ import numpy as np
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.eventreads import EventSources, event_sources, query_events
 from gpuprobe.influx.influxql import Series, quote_identifier, quote_string
+from gpuprobe.influx.retention import RAW_ONLY
 from gpuprobe.model.data import NoDataError
 from gpuprobe.study.analysis import (
     EMPTY_STATS,
@@ -279,7 +281,10 @@ def reduce_host_windows(
     for lo, hi, members in spans(windows):
         where = f'"host" = {quote_string(host)} AND time >= {lo} AND time <= {hi}'
         samples: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
-        for s in client.query(f'SELECT {fields} FROM "gpu" WHERE {where} GROUP BY "gpu"'):
+        # the agent's readings only: an aggregate point (``res`` tag) holds its interval's last energy
+        # reading at the interval's start, up to a second early, and inside a probe the agent ships raw
+        gpu_where = f"{where} AND {RAW_ONLY}"
+        for s in client.query(f'SELECT {fields} FROM "gpu" WHERE {gpu_where} GROUP BY "gpu"'):
             t = np.array(s.column("time"), dtype=np.int64)
             order = np.argsort(t, kind="stable")
             samples[s.tags.get("gpu", "")] = (t[order], {f: _floats(s, f)[order] for f in GPU_FIELDS})

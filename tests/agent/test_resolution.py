@@ -152,6 +152,28 @@ def test_a_probe_is_at_full_resolution_from_its_start_to_its_end() -> None:
     assert not policy.take([], [], [event(telemetry_pb2.PROBE_EVENT_KIND_END, "p-2")], now_ns=T0).hires
 
 
+def test_a_probe_on_several_gpus_ends_when_the_last_of_them_ends() -> None:
+    """A study on a node's two GPUs whose trainers end seconds apart (one lagging on a busy machine): the
+    slower GPU's last steady window stays raw to its end. GPU 1's end used to close the window for the
+    whole node, so GPU 0's last seconds went out as 1 s aggregates, which a study then read as readings
+    (the way one GPU's last point can come out high in power: issue 28)."""
+    policy = ResolutionPolicy("auto", 1.0, hires_after_s=0, flight_recorder_s=60)
+
+    def event(kind: int, gpu: int, t_ns: int = T0) -> telemetry_pb2.ProbeEvent:
+        return telemetry_pb2.ProbeEvent(time_unix_ns=t_ns, probe_id="s-1", kind=kind, gpu_index=gpu)  # type: ignore[arg-type]
+
+    starts = [event(telemetry_pb2.PROBE_EVENT_KIND_START, gpu) for gpu in (0, 1)]
+    assert policy.take(second_of_samples(0, T0) + second_of_samples(1, T0), [], starts, now_ns=T0 + S).hires
+    gpu1_done = event(telemetry_pb2.PROBE_EVENT_KIND_END, 1, T0 + S)
+    d = policy.take(second_of_samples(0, T0 + S), [], [gpu1_done], now_ns=T0 + 2 * S)
+    assert d.hires and d.raw == second_of_samples(0, T0 + S) and not d.aggregates, "GPU 0 is still running"
+    gpu0_done = event(telemetry_pb2.PROBE_EVENT_KIND_END, 0, T0 + 2 * S)
+    assert not policy.take(second_of_samples(0, T0 + 2 * S), [], [gpu0_done], now_ns=T0 + 3 * S).hires
+    # an end of a GPU the probe never ran on ends nothing
+    assert policy.take([], [], [event(telemetry_pb2.PROBE_EVENT_KIND_START, 0)], now_ns=T0 + 4 * S).hires
+    assert policy.take([], [], [event(telemetry_pb2.PROBE_EVENT_KIND_END, 3)], now_ns=T0 + 4 * S).hires
+
+
 def test_the_batch_that_closes_a_probe_ships_its_samples_up_to_the_end_raw() -> None:
     """The probe's last samples share a batch with its end event: they stay raw (a fit of the probe must
     not meet an aggregate inside its window, whose mean of whole degrees is not a reading); the samples

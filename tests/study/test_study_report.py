@@ -32,6 +32,7 @@ from study_synthetic import (
 
 from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.lineprotocol import encode_line
 from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.study import NoDataError, StudyReport, build_report
 
@@ -269,6 +270,43 @@ def test_a_study_with_some_points_missing_reports_the_rest(
     status, out, _ = gpuprobe_study(run, run.study, "--no-write")
     assert status == 0 and "points without figures:" in out
     assert "node-a gpu 1 point 0: no steady trainer reports of this point" in out
+
+
+def test_the_agents_aggregates_in_a_window_do_not_change_its_figures(
+    fresh_study: Callable[..., StudyRun],
+) -> None:
+    """Aggregate points (``res=1s``) of a GPU beside its raw samples in the last seconds of its last point,
+    as an agent that closed its high-resolution window at another GPU's end shipped them: each holds its
+    second's last energy reading stamped at the second's start. Read as readings they raised the window's
+    mean power (400 W read as 472 W here); the report reads the raw samples only."""
+    run = fresh_study()
+    last = len(POINTS) - 1
+    with InfluxClient(InfluxSettings(url=run.server.url, database=run.db)) as client:
+        before = next(
+            m for m in build_report(client, run.study).measurements if (m.host, m.gpu, m.point) == ("node-a", "0", last)
+        )
+        end_ns = before.end_ns
+        raw = [
+            row
+            for series in client.query(
+                f'SELECT "power_w", "energy_j" FROM "gpu" WHERE "host" = \'node-a\' AND "gpu" = \'0\' '
+                f"AND time >= {end_ns - 4 * 10**9} AND time < {end_ns}"
+            )
+            for row in series.rows()
+        ]
+    tags = {"cluster": "lab", "host": "node-a", "gpu": "0", "model": H100, "uuid": "GPU-node-a-0", "res": "1s"}
+    lines = []
+    for second_ns in sorted({r["time"] // 10**9 * 10**9 for r in raw}):
+        interval = [r for r in raw if second_ns <= r["time"] < second_ns + 10**9]
+        fields = {"power_w": sum(r["power_w"] for r in interval) / len(interval), "energy_j": interval[-1]["energy_j"]}
+        lines.append(encode_line("gpu", tags, fields, second_ns))
+    run.server.write_lines(run.db, lines)
+    with InfluxClient(InfluxSettings(url=run.server.url, database=run.db)) as client:
+        after = next(
+            m for m in build_report(client, run.study).measurements if (m.host, m.gpu, m.point) == ("node-a", "0", last)
+        )
+    assert after.stats.mean_power_w == pytest.approx(before.stats.mean_power_w, rel=1e-9)
+    assert close(after.samples_per_j, samples_per_j("node-a", "0", last), REL)
 
 
 def test_a_plain_probe_is_not_a_study(influxdb: InfluxDBDatabase, gpuprobe_study: StudyCommand) -> None:
