@@ -44,9 +44,9 @@ FAULT_EVENT_KINDS = frozenset(
     }
 )
 
-# how each GpuSample field travels in an aggregate (the field catalogue), and the integer fields,
-# whose mean is rounded
-_HOW = {f.name: f.aggregate for f in GPU_FIELDS}
+# the GpuSample fields by how they travel in an aggregate (the field catalogue, in Aggregate's order),
+# and the integer fields, whose mean is rounded (sets, not a dict of kinds: this is the faster loop)
+_GAUGES, _AVERAGES, _LAST, _BITMASKS = (frozenset(f.name for f in GPU_FIELDS if f.aggregate is a) for a in Aggregate)
 _ROUNDED = frozenset(f.name for f in GPU_FIELDS if f.integer)
 CLOCK_REASONS = "clock_event_reasons"
 
@@ -81,18 +81,17 @@ def aggregate_one(
     high: dict[str, Any] = {}
     last: dict[str, Any] = {}
     for name, values in columns.items():
-        how = _HOW.get(name)  # None: the time and the GPU index
-        if how is Aggregate.GAUGE:
+        if name in _GAUGES:
             m = sum(values) / len(values)
             mean[name] = round(m) if name in _ROUNDED else m
             low[name] = min(values)
             high[name] = max(values)
             last[name] = values[-1]
-        elif how is Aggregate.LAST:
+        elif name in _LAST:
             mean[name] = values[-1]
-        elif how is Aggregate.AVERAGE:
+        elif name in _AVERAGES:
             mean[name] = sum(values) / len(values)
-        elif how is Aggregate.BITMASK:
+        elif name in _BITMASKS:
             bits = 0
             for r in values:
                 bits |= r
