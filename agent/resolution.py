@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuprobe.fields import GPU_FIELDS, Aggregate
 from gpuprobe.v1 import telemetry_pb2
 
 RESOLUTIONS = ("auto", "full")
@@ -43,40 +44,11 @@ FAULT_EVENT_KINDS = frozenset(
     }
 )
 
-# fields read every tick: mean, min, max and last
-PER_TICK_FIELDS = (
-    "util_pct",
-    "mem_util_pct",
-    "mem_used_bytes",
-    "power_w",
-    "power_instant_w",
-    "temp_c",
-    "mem_temp_c",
-    "fan_pct",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "power_limit_w",
-    "pcie_tx_bytes_per_s",
-    "pcie_rx_bytes_per_s",
-)
-# integer fields of GpuSample among them: their mean is rounded
-INTEGER_FIELDS = frozenset({"mem_used_bytes", "sm_clock_mhz", "mem_clock_mhz"})
-# GPM percentages (each already an average over the health interval): the mean only
-MEAN_ONLY_FIELDS = (
-    "sm_active_pct",
-    "sm_occupancy_pct",
-    "tensor_active_pct",
-    "dram_bw_util_pct",
-    "fp16_active_pct",
-    "fp32_active_pct",
-    "fp64_active_pct",
-)
+# the GpuSample fields by how they travel in an aggregate (the field catalogue, in Aggregate's order),
+# and the integer fields, whose mean is rounded (sets, not a dict of kinds: this is the faster loop)
+_GAUGES, _AVERAGES, _LAST, _BITMASKS = (frozenset(f.name for f in GPU_FIELDS if f.aggregate is a) for a in Aggregate)
+_ROUNDED = frozenset(f.name for f in GPU_FIELDS if f.integer)
 CLOCK_REASONS = "clock_event_reasons"
-_PER_TICK = frozenset(PER_TICK_FIELDS)
-_MEAN_ONLY = frozenset(MEAN_ONLY_FIELDS)
-_AGGREGATED = frozenset({*PER_TICK_FIELDS, *MEAN_ONLY_FIELDS, CLOCK_REASONS, "time_unix_ns", "gpu_index"})
-# every other field (energy_j, mem_total_bytes, the health counters and flags, fan_rpm, NVLink
-# throughput, health, health_reason) is a counter or a 1 Hz read: its last value goes into `mean`
 
 
 def aggregate(samples: Sequence[dict[str, Any]], interval_ns: int) -> list[telemetry_pb2.GpuAggregate]:
@@ -109,22 +81,22 @@ def aggregate_one(
     high: dict[str, Any] = {}
     last: dict[str, Any] = {}
     for name, values in columns.items():
-        if name in _PER_TICK:
+        if name in _GAUGES:
             m = sum(values) / len(values)
-            mean[name] = round(m) if name in INTEGER_FIELDS else m
+            mean[name] = round(m) if name in _ROUNDED else m
             low[name] = min(values)
             high[name] = max(values)
             last[name] = values[-1]
-        elif name in _MEAN_ONLY:
+        elif name in _LAST:
+            mean[name] = values[-1]
+        elif name in _AVERAGES:
             mean[name] = sum(values) / len(values)
-        elif name == CLOCK_REASONS:
+        elif name in _BITMASKS:
             bits = 0
             for r in values:
                 bits |= r
             mean[name] = bits
             last[name] = values[-1]
-        elif name not in _AGGREGATED:
-            mean[name] = values[-1]  # a counter or a 1 Hz read: the last value wins
     # one constructor call: the four samples are built from their dicts inside protobuf
     return telemetry_pb2.GpuAggregate(
         start_unix_ns=start_ns,

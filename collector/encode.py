@@ -17,13 +17,14 @@ columns within int64, all timestamps in the window, all GPU indices known) decid
 path applies; otherwise every sample goes through the exact, slower per-value path that also reports
 what it dropped. Both paths write identical text.
 
-The GPU health fields (GpuSample fields 19 and up: ECC, remapping, violations, GPM, NVLink totals,
-``health``, ``health_reason``) are read by the agent once per health interval, so nine samples of
-ten lack them. Which of them any sample of a batch has is asked once per batch (the batch parsed
-again with its GPU samples merged into one message, :func:`_gpu_health_fields`); a batch without
-them takes the fast path over the 16 per-tick fields as before, and in a batch with them only the
-samples that carry one go through the exact path. The health measurements (``gpu_event``,
-``gpu_process``, ``gpu_nvlink``, ``gpu_mig``) are low volume and take the exact path only.
+The GPU health fields (ECC, remapping, violations, GPM, NVLink totals, ``health``,
+``health_reason``: the field catalogue, :mod:`gpuprobe.fields`, marks them) are read by the agent
+once per health interval, so nine samples of ten lack them. Which of them any sample of a batch has
+is asked once per batch (the batch parsed again with its GPU samples merged into one message,
+:func:`_gpu_health_fields`); a batch without them takes the fast path over the 16 per-tick fields
+as before, and in a batch with them only the samples that carry one go through the exact path. The
+health measurements (``gpu_event``, ``gpu_process``, ``gpu_nvlink``, ``gpu_mig``) are low volume
+and take the exact path only.
 
 GPU aggregates (``SampleBatch.gpu_aggregates``: mean, min, max and last of a GPU's fields over an
 interval, one ``gpu`` point tagged ``res`` each) carry up to four times 43 fields, mostly present,
@@ -46,6 +47,7 @@ import orjson
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
+from gpuprobe.fields import GPU_FIELD, GPU_FIELDS
 from gpuprobe.influx.lineprotocol import float_text, quote_string_field, series_prefix
 from gpuprobe.influx.storable import INT64_MAX, tag_value_problem
 from gpuprobe.v1 import common_pb2, telemetry_pb2
@@ -134,20 +136,13 @@ def _specs(message: Any, skip: Iterable[str]) -> tuple[Spec, ...]:
     return tuple(specs)
 
 
-# every numeric field of a gpu point; `health` and `health_reason` are string fields (GPU_STRINGS)
-GPU_SPECS = _specs(telemetry_pb2.GpuSample, skip=("time_unix_ns", "gpu_index", "health", "health_reason"))
-GPU_STRINGS = ("health", "health_reason")
-# the fields read at every tick (numbers 3-18), the only ones of the fast path; the health fields
-# (19 and up, read once per health interval) send a sample through the exact path
-_GPU_FAST_LAST_NUMBER = 18
-GPU_FAST_SPECS = tuple(
-    spec
-    for spec in GPU_SPECS
-    if telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name[spec[0]].number <= _GPU_FAST_LAST_NUMBER
-)
-GPU_HEALTH_FIELDS = tuple(
-    fd.name for fd in telemetry_pb2.GpuSample.DESCRIPTOR.fields if fd.number > _GPU_FAST_LAST_NUMBER
-)
+# every numeric field of a gpu point, and its string fields (the field catalogue's)
+GPU_STRINGS = tuple(f.name for f in GPU_FIELDS if f.type == "string")
+GPU_SPECS = _specs(telemetry_pb2.GpuSample, skip=("time_unix_ns", "gpu_index", *GPU_STRINGS))
+# the fields read at every tick, the only ones of the fast path; the health fields (read once per
+# health interval) send a sample through the exact path
+GPU_FAST_SPECS = tuple(spec for spec in GPU_SPECS if not GPU_FIELD[spec[0]].health)
+GPU_HEALTH_FIELDS = tuple(f.name for f in GPU_FIELDS if f.health)
 PROCESS_SPECS = _specs(telemetry_pb2.ProcessSample, skip=("time_unix_ns", "gpu_index", "pid", "command", "cgroup"))
 PROCESS_STRINGS = ("command", "cgroup")
 NVLINK_SPECS = _specs(telemetry_pb2.NvLinkSample, skip=("time_unix_ns", "gpu_index", "link"))

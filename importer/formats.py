@@ -38,44 +38,17 @@ from pathlib import Path
 from typing import TextIO
 
 from gpuprobe.errors import DataError
+from gpuprobe.fields import GPU_FIELDS, GpuField
 from gpuprobe.importer.timeparse import NS_PER_S, TimeReader, parse_datetime_ns, wall_time_ns
 from gpuprobe.influx.storable import INT64_MAX, tag_value_problem
 
 FieldValue = float | int
 
 
-@dataclass(frozen=True)
-class FieldSpec:
-    """One field of the ``gpu`` measurement: its type in InfluxDB and the dimension of its unit."""
-
-    name: str
-    integer: bool
-    dimension: str  # "%", "B", "W", "J", "C", "MHz", "mask", "B/s"
-
-
-#: The ``gpu`` fields of docs/schema.md, in its order, with their types (a test checks them against the
-#: collector's encoder: an integer written where the schema has a float would be refused by InfluxDB).
-FIELDS: dict[str, FieldSpec] = {
-    spec.name: spec
-    for spec in (
-        FieldSpec("util_pct", False, "%"),
-        FieldSpec("mem_util_pct", False, "%"),
-        FieldSpec("mem_used_bytes", True, "B"),
-        FieldSpec("mem_total_bytes", True, "B"),
-        FieldSpec("power_w", False, "W"),
-        FieldSpec("power_instant_w", False, "W"),
-        FieldSpec("energy_j", False, "J"),
-        FieldSpec("temp_c", False, "C"),
-        FieldSpec("mem_temp_c", False, "C"),
-        FieldSpec("fan_pct", False, "%"),
-        FieldSpec("sm_clock_mhz", True, "MHz"),
-        FieldSpec("mem_clock_mhz", True, "MHz"),
-        FieldSpec("power_limit_w", False, "W"),
-        FieldSpec("clock_event_reasons", True, "mask"),
-        FieldSpec("pcie_tx_bytes_per_s", False, "B/s"),
-        FieldSpec("pcie_rx_bytes_per_s", False, "B/s"),
-    )
-}
+#: The ``gpu`` fields read at every tick (the field catalogue's), the ones nvidia-smi's logs hold, with
+#: their InfluxDB types: an integer written where the agents write a float would make InfluxDB refuse
+#: the points of one of them (field type conflict).
+FIELDS: dict[str, GpuField] = {f.name: f for f in GPU_FIELDS if not f.health}
 
 #: ``--columns`` keys that are not fields: the point's time and its tags.
 TAG_KEYS = ("time", "gpu", "uuid", "model", "host")
@@ -84,7 +57,7 @@ TAG_KEYS = ("time", "gpu", "uuid", "model", "host")
 @dataclass(frozen=True)
 class Unit:
     name: str
-    dimension: str
+    dimension: str  # the unit of the fields it measures, as the field catalogue writes it
     factor: Decimal  # value in the dimension's base unit = number · factor
 
 
@@ -99,37 +72,38 @@ def _units() -> dict[str, Unit]:
         ("kJ", "J", "1000"),
         ("Wh", "J", "3600"),
         ("kWh", "J", "3600000"),
-        ("C", "C", "1"),
-        ("°C", "C", "1"),
-        ("degC", "C", "1"),
+        ("C", "°C", "1"),
+        ("°C", "°C", "1"),
+        ("degC", "°C", "1"),
         ("Hz", "MHz", "0.000001"),
         ("kHz", "MHz", "0.001"),
         ("MHz", "MHz", "1"),
         ("GHz", "MHz", "1000"),
-        ("B", "B", "1"),
-        ("KiB", "B", "1024"),
-        ("MiB", "B", "1048576"),
-        ("GiB", "B", "1073741824"),
-        ("TiB", "B", "1099511627776"),
-        ("kB", "B", "1000"),
-        ("MB", "B", "1000000"),
-        ("GB", "B", "1000000000"),
-        ("TB", "B", "1000000000000"),
-        ("B/s", "B/s", "1"),
-        ("KiB/s", "B/s", "1024"),
-        ("MiB/s", "B/s", "1048576"),
-        ("GiB/s", "B/s", "1073741824"),
-        ("kB/s", "B/s", "1000"),
-        ("MB/s", "B/s", "1000000"),
-        ("GB/s", "B/s", "1000000000"),
+        ("B", "bytes", "1"),
+        ("KiB", "bytes", "1024"),
+        ("MiB", "bytes", "1048576"),
+        ("GiB", "bytes", "1073741824"),
+        ("TiB", "bytes", "1099511627776"),
+        ("kB", "bytes", "1000"),
+        ("MB", "bytes", "1000000"),
+        ("GB", "bytes", "1000000000"),
+        ("TB", "bytes", "1000000000000"),
+        ("B/s", "bytes/s", "1"),
+        ("KiB/s", "bytes/s", "1024"),
+        ("MiB/s", "bytes/s", "1048576"),
+        ("GiB/s", "bytes/s", "1073741824"),
+        ("kB/s", "bytes/s", "1000"),
+        ("MB/s", "bytes/s", "1000000"),
+        ("GB/s", "bytes/s", "1000000000"),
     ]
     return {name: Unit(name, dimension, Decimal(factor)) for name, dimension, factor in table}
 
 
 UNITS = _units()
 _UNITS_FOLDED = {name.casefold(): unit for name, unit in UNITS.items()}
-BASE_UNITS = {"%": UNITS["%"], "B": UNITS["B"], "W": UNITS["W"], "J": UNITS["J"], "C": UNITS["C"],
-              "MHz": UNITS["MHz"], "B/s": UNITS["B/s"], "mask": Unit("mask", "mask", Decimal(1))}  # fmt: skip
+#: The unit a number without one is in, for each unit of the catalogue (gpuprobe/fields.py)
+BASE_UNITS = {"%": UNITS["%"], "bytes": UNITS["B"], "W": UNITS["W"], "J": UNITS["J"], "°C": UNITS["C"],
+              "MHz": UNITS["MHz"], "bytes/s": UNITS["B/s"], "bitmask": Unit("mask", "bitmask", Decimal(1))}  # fmt: skip
 
 
 def find_unit(text: str) -> Unit | None:
@@ -161,7 +135,7 @@ def is_not_available(text: str) -> bool:
     return (value.startswith("[") and value.endswith("]")) or value.casefold() in _NOT_AVAILABLE
 
 
-def convert(text: str, spec: FieldSpec, unit: Unit) -> FieldValue | None:
+def convert(text: str, spec: GpuField, unit: Unit) -> FieldValue | None:
     """One cell as the value of ``spec`` (None when not available); BadRow when it is not a value.
 
     A unit written after the number (``250 W``) must be one of the field's dimension and wins over the
@@ -169,7 +143,7 @@ def convert(text: str, spec: FieldSpec, unit: Unit) -> FieldValue | None:
     value = text.strip()
     if is_not_available(value):
         return None
-    if spec.dimension == "mask" and _HEX.match(value):
+    if spec.unit == "bitmask" and _HEX.match(value):
         number = int(value, 16)
         if number > INT64_MAX:
             raise BadRow(f"{value} is beyond int64")
@@ -180,7 +154,7 @@ def convert(text: str, spec: FieldSpec, unit: Unit) -> FieldValue | None:
     digits, unit_text = match.group(1), match.group(2)
     if unit_text is not None:
         written = find_unit(unit_text)
-        if written is None or written.dimension != spec.dimension:
+        if written is None or written.dimension != spec.unit:
             raise BadRow(f"unit {unit_text[:20]!r} is not one of {spec.name}")
         unit = written
     if not spec.integer:
@@ -193,8 +167,8 @@ def convert(text: str, spec: FieldSpec, unit: Unit) -> FieldValue | None:
         whole = exact.to_integral_value()
     except InvalidOperation:
         raise BadRow(f"{value[:40]!r} is not finite") from None
-    if whole != exact and spec.dimension != "B":
-        raise BadRow(f"{value[:40]!r} is not a whole number of {spec.dimension}")
+    if whole != exact and spec.unit != "bytes":
+        raise BadRow(f"{value[:40]!r} is not a whole number of {spec.unit}")
     number = int(whole)
     if not -INT64_MAX - 1 <= number <= INT64_MAX:
         raise BadRow(f"{value[:40]!r} is beyond int64")
@@ -220,11 +194,11 @@ class Row:
 
 
 #: Ranges outside which a value is garbage, not a reading (by the dimension of the field's unit).
-PLAUSIBLE: dict[str, tuple[float, float]] = {"%": (0.0, 100.0), "C": (-273.15, 1000.0), "W": (0.0, 1e6)}
+PLAUSIBLE: dict[str, tuple[float, float]] = {"%": (0.0, 100.0), "°C": (-273.15, 1000.0), "W": (0.0, 1e6)}
 
 
-def plausible(spec: FieldSpec, value: FieldValue) -> bool:
-    bounds = PLAUSIBLE.get(spec.dimension)
+def plausible(spec: GpuField, value: FieldValue) -> bool:
+    bounds = PLAUSIBLE.get(spec.unit)
     return bounds is None or bounds[0] <= value <= bounds[1]
 
 
@@ -256,7 +230,7 @@ class _Cell:
 
     index: int
     header: str
-    spec: FieldSpec
+    spec: GpuField
     unit: Unit
 
 
@@ -299,7 +273,7 @@ def parse_columns(items: Sequence[str]) -> tuple[tuple[str, str, Unit | None], .
         if unit is not None:
             if key not in FIELDS:
                 raise ValueError(f"--columns: {key} takes no unit")
-            if unit.dimension != FIELDS[key].dimension:
+            if unit.dimension != FIELDS[key].unit:
                 raise ValueError(f"--columns: {unit.name} is not a unit of {key}")
         mapping.append((key, header, unit))
     if mapping and "time" not in seen:
@@ -547,8 +521,8 @@ class Source:
                 spec = FIELDS[key]
                 written = names[index][1]
                 unit = find_unit(written) if written else None
-                if unit is None or unit.dimension != spec.dimension:
-                    unit = UNITS.get(default_unit or "") or BASE_UNITS[spec.dimension]
+                if unit is None or unit.dimension != spec.unit:
+                    unit = UNITS.get(default_unit or "") or BASE_UNITS[spec.unit]
                 plan.cells.append(_Cell(index, cells[index], spec, unit))
             else:
                 setattr(plan, key, index)
@@ -583,8 +557,8 @@ class Source:
                 if unit is None:
                     written = _split_header(cells[index])[1]
                     unit = find_unit(written) if written else None
-                    if unit is None or unit.dimension != spec.dimension:
-                        unit = BASE_UNITS[spec.dimension]
+                    if unit is None or unit.dimension != spec.unit:
+                        unit = BASE_UNITS[spec.unit]
                 plan.cells.append(_Cell(index, cells[index], spec, unit))
             else:
                 setattr(plan, key, index)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from gpuprobe.config import format_duration
 from gpuprobe.errors import ConfigError
+from gpuprobe.fields import GPU_FIELDS
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.influxql import InfluxError, quote_identifier
 
@@ -59,33 +60,13 @@ RESAMPLE_FOR = {ROLLUP_10S: "30s", ROLLUP_1M: "5m"}
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 # --- the rollup schema --------------------------------------------------------------------------
-# (rollup field, aggregate, raw field). A rollup field named like the raw field holds the window's
-# mean (a gauge), last value (a counter or a setting) or max (the clock-event bitmask), so the
-# dashboards' mean()/last()/max()/spread() queries read a rollup as they read raw data.
+# (rollup field, aggregate, raw field), from the field catalogue (gpuprobe/fields.py). A rollup field
+# named like the raw field holds the window's mean (a gauge), last value (a counter or a setting) or
+# max (the clock-event bitmask), so the dashboards' mean()/last()/max()/spread() queries read a rollup
+# as they read raw data.
 
 GPU_10S: tuple[tuple[str, str, str], ...] = (
-    ("util_pct", "mean", "util_pct"),
-    ("mem_util_pct", "mean", "mem_util_pct"),
-    ("mem_used_bytes", "mean", "mem_used_bytes"),
-    ("mem_total_bytes", "last", "mem_total_bytes"),
-    ("power_w", "mean", "power_w"),
-    ("power_w_min", "min", "power_w"),
-    ("power_w_max", "max", "power_w"),
-    ("power_instant_w", "mean", "power_instant_w"),
-    ("power_instant_w_max", "max", "power_instant_w"),
-    ("energy_j", "last", "energy_j"),
-    ("temp_c", "mean", "temp_c"),
-    ("temp_c_min", "min", "temp_c"),
-    ("temp_c_max", "max", "temp_c"),
-    ("mem_temp_c", "mean", "mem_temp_c"),
-    ("mem_temp_c_max", "max", "mem_temp_c"),
-    ("fan_pct", "mean", "fan_pct"),
-    ("sm_clock_mhz", "mean", "sm_clock_mhz"),
-    ("mem_clock_mhz", "mean", "mem_clock_mhz"),
-    ("power_limit_w", "last", "power_limit_w"),
-    ("clock_event_reasons", "max", "clock_event_reasons"),
-    ("pcie_tx_bytes_per_s", "mean", "pcie_tx_bytes_per_s"),
-    ("pcie_rx_bytes_per_s", "mean", "pcie_rx_bytes_per_s"),
+    *(rollup for f in GPU_FIELDS for rollup in f.rollup_fields()),
     ("samples", "count", "temp_c"),
 )
 

@@ -25,26 +25,10 @@ from agent_helpers import (
 )
 from support import clean_env, wait_until
 
+from gpuprobe.fields import GPU_FIELDS
 from gpuprobe.sim import state
 
-GPU_FIELDS = [
-    "util_pct",
-    "mem_util_pct",
-    "mem_used_bytes",
-    "mem_total_bytes",
-    "power_w",
-    "power_instant_w",
-    "energy_j",
-    "temp_c",
-    "mem_temp_c",
-    "fan_pct",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "power_limit_w",
-    "clock_event_reasons",
-    "pcie_tx_bytes_per_s",
-    "pcie_rx_bytes_per_s",
-]
+GPU_FIELDS = [f.name for f in GPU_FIELDS if not f.health]  # the fields read at every tick
 
 
 # The sim's driver updates once a second here, not at the agent's 10 Hz: a sample straddles an update when

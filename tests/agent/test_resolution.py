@@ -12,6 +12,7 @@ from gpuprobe.agent.metrics import Counters
 from gpuprobe.agent.resolution import ResolutionPolicy, aggregate
 from gpuprobe.agent.settings import AgentSettings
 from gpuprobe.config import ConfigError
+from gpuprobe.fields import GPU_FIELDS, Aggregate, GpuField
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 S = 1_000_000_000
@@ -60,6 +61,38 @@ def test_an_interval_of_samples_becomes_mean_min_max_last_and_counters_their_las
     assert agg.last.clock_event_reasons == 0x4 and not agg.min.HasField("clock_event_reasons")
     assert agg.mean.health == common_pb2.GPU_HEALTH_HEALTHY
     assert not agg.mean.HasField("temp_c") and not agg.min.HasField("temp_c"), "absent stays absent, never 0"
+
+
+def two_readings(f: GpuField) -> tuple[Any, Any]:
+    """Two different values of a field, in GpuSample's types (the health verdict is an enum)."""
+    if f.name == "health":
+        return common_pb2.GPU_HEALTH_DEGRADED, common_pb2.GPU_HEALTH_HEALTHY
+    return {"float": (1.0, 4.0), "integer": (1, 2), "boolean": (True, False), "string": ("a", "b")}[f.type]
+
+
+def test_every_field_aggregates_as_the_field_catalogue_says() -> None:
+    """Each GpuSample field, from two readings: a gauge as its mean (integers rounded), min, max and last;
+    an average as its mean only; a last field as its last value, in `mean`; a bitmask as the OR and last."""
+    first = tick(0, T0, **{f.name: two_readings(f)[0] for f in GPU_FIELDS})
+    second = tick(0, T0 + S // 10, **{f.name: two_readings(f)[1] for f in GPU_FIELDS})
+    (agg,) = aggregate([first, second], S)
+    for f in GPU_FIELDS:
+        a, b = two_readings(f)
+        if f.aggregate is Aggregate.LAST:
+            expected = {"mean": b}
+        elif f.aggregate is Aggregate.BITMASK:
+            expected = {"mean": a | b, "last": b}
+        else:
+            mean = (a + b) / 2 if f.type == "float" else round((a + b) / 2)
+            both = {"mean": mean, "min": min(a, b), "max": max(a, b), "last": b}
+            expected = both if f.aggregate is Aggregate.GAUGE else {"mean": mean}
+        got = {
+            role: value
+            for role in ("mean", "min", "max", "last")
+            for fd, value in getattr(agg, role).ListFields()
+            if fd.name == f.name
+        }
+        assert got == expected, f.name
 
 
 def test_aggregates_are_per_gpu_and_aligned_interval_ordered_by_time() -> None:

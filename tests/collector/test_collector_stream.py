@@ -21,28 +21,12 @@ from hypothesis import strategies as st
 
 from gpuprobe.collector.runner import Collector
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
+from gpuprobe.fields import GPU_FIELDS
 from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 from gpuprobe.wire.validate import Limits
 
-FIELDS = [
-    "util_pct",
-    "mem_util_pct",
-    "mem_used_bytes",
-    "mem_total_bytes",
-    "power_w",
-    "power_instant_w",
-    "energy_j",
-    "temp_c",
-    "mem_temp_c",
-    "fan_pct",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "power_limit_w",
-    "clock_event_reasons",
-    "pcie_tx_bytes_per_s",
-    "pcie_rx_bytes_per_s",
-]
+FIELDS = [f.name for f in GPU_FIELDS if not f.health]  # the fields read at every tick
 
 
 def stored_gpu_points(influx: InfluxDBServer, db: str) -> dict[tuple[str, str, int], dict[str, Any]]:

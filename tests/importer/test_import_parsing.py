@@ -1,4 +1,4 @@
-"""The importer's pieces without InfluxDB: the field table against the schema, time zones and
+"""The importer's pieces without InfluxDB: the source tag in the schema, time zones and
 timestamps to the ns, unit conversions, and the progress display."""
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from pathlib import Path
 import pytest
 from import_helpers import utc_ns
 
-from gpuprobe.collector.encode import GPU_SPECS
 from gpuprobe.importer.formats import FIELDS, UNITS, Bad, BadRow, ReadOptions, Row, convert, open_source, parse_columns
 from gpuprobe.importer.progress import Progress
 from gpuprobe.importer.timeparse import TimeReader, parse_timezone
-from gpuprobe.v1 import telemetry_pb2
 
 SCHEMA = (Path(__file__).resolve().parents[2] / "docs" / "schema.md").read_text()
 
@@ -25,20 +23,6 @@ def gpu_section() -> str:
     match = re.search(r"^## `gpu`.*?(?=^## )", SCHEMA, re.S | re.M)
     assert match
     return match.group(0)
-
-
-def test_fields_are_the_schemas_with_the_encoders_types() -> None:
-    """An integer written where the agents write a float (or the other way) would make InfluxDB refuse
-    the points of one of them (field type conflict), so the types must be the collector's."""
-    # the importer fills the per-tick fields (GpuSample 3-18, what nvidia-smi's query logs hold); the health
-    # fields (19 on, read by the agent once per health interval) have no nvidia-smi log column it reads
-    numbers = telemetry_pb2.GpuSample.DESCRIPTOR.fields_by_name
-    per_tick = [(name, kind == 1) for name, kind, _ in GPU_SPECS if numbers[name].number <= 18]
-    assert [(spec.name, spec.integer) for spec in FIELDS.values()] == per_tick
-    documented = dict(re.findall(r"^\| `([a-z0-9_]+)` \| (float|integer) \|", gpu_section(), re.M))
-    assert {name: documented.get(name) for name in FIELDS} == {
-        name: "integer" if spec.integer else "float" for name, spec in FIELDS.items()
-    }
 
 
 def test_the_source_tag_is_documented_in_the_gpu_section() -> None:
@@ -113,12 +97,12 @@ def test_fixed_offsets() -> None:
         ("63488 MiB", "mem_used_bytes", "MiB", 63488 * 1048576),
         ("63488", "mem_used_bytes", "MiB", 63488 * 1048576),
         ("1.5", "mem_used_bytes", "GiB", 1610612736),
-        ("0x0000000000000044", "clock_event_reasons", "mask", 0x44),
-        ("71", "temp_c", "C", 71.0),
+        ("0x0000000000000044", "clock_event_reasons", "bitmask", 0x44),
+        ("71", "temp_c", "°C", 71.0),
         ("[N/A]", "fan_pct", "%", None),
         ("[Not Supported]", "fan_pct", "%", None),
-        ("N/A", "temp_c", "C", None),
-        ("-", "mem_temp_c", "C", None),
+        ("N/A", "temp_c", "°C", None),
+        ("-", "mem_temp_c", "°C", None),
     ],
 )
 def test_values_are_converted_exactly(text: str, field: str, unit: str, expected: float | int | None) -> None:
@@ -147,7 +131,7 @@ def test_exact_conversion_is_a_decimal_product() -> None:
 )
 def test_values_that_are_not_values(text: str, field: str) -> None:
     with pytest.raises(BadRow):
-        convert(text, FIELDS[field], UNITS["W"] if FIELDS[field].dimension == "W" else UNITS["MHz"])
+        convert(text, FIELDS[field], UNITS["W"] if FIELDS[field].unit == "W" else UNITS["MHz"])
 
 
 def test_column_mapping() -> None:
