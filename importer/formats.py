@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta, tzinfo
 from decimal import Decimal, InvalidOperation
@@ -232,6 +232,30 @@ class _Cell:
     header: str
     spec: GpuField
     unit: Unit
+
+
+def _row_values(cells: Sequence[str], columns: Iterable[_Cell]) -> tuple[dict[str, FieldValue], list[str]]:
+    """A row's values (its not-available cells left out) and why its out-of-range ones were skipped;
+    :class:`BadRow` when a cell cannot be read at all."""
+    values: dict[str, FieldValue] = {}
+    bad_values: list[str] = []
+    for cell in columns:
+        try:
+            value = convert(cells[cell.index], cell.spec, cell.unit)
+        except BadRow:
+            raise BadRow(f"bad value in {cell.header}") from None
+        if value is None:
+            continue
+        if plausible(cell.spec, value):
+            values[cell.spec.name] = value
+        else:
+            bad_values.append(f"out-of-range value in {cell.header}")
+    return values, bad_values
+
+
+def _no_values(bad_values: list[str]) -> str:
+    """Why a row without a single value is refused."""
+    return bad_values[0] if bad_values else "no values (all not available)"
 
 
 @dataclass
@@ -699,24 +723,12 @@ class Source:
                 host = self._tag(cells, plan.host, "host") or options.host
                 if not host:
                     raise BadRow("no host")
-                values: dict[str, FieldValue] = {}
-                bad_values: list[str] = []
-                for cell in plan.cells:
-                    try:
-                        value = convert(cells[cell.index], cell.spec, cell.unit)
-                    except BadRow:
-                        raise BadRow(f"bad value in {cell.header}") from None
-                    if value is None:
-                        continue
-                    if plausible(cell.spec, value):
-                        values[cell.spec.name] = value
-                    else:
-                        bad_values.append(f"out-of-range value in {cell.header}")
+                values, bad_values = _row_values(cells, plan.cells)
             except BadRow as bad:
                 yield Bad(line, bad.reason)
                 continue
             if not values:
-                yield Bad(line, "no values (all not available)" if not bad_values else bad_values[0])
+                yield Bad(line, _no_values(bad_values))
                 continue
             key = tuple(cell.strip() for i, cell in enumerate(cells) if i != plan.time)
             yield Row(line, time_ns, gpu, uuid, model, host, values, key, bad_values=bad_values)
@@ -740,7 +752,7 @@ class Source:
         gpu_at = names.index("gpu")
         date_at = names.index("date") if "date" in names else None
         time_at = names.index("time") if "time" in names else None
-        cells = [(i, FIELDS[_DMON[n][0]], UNITS[_DMON[n][1]], n) for i, n in enumerate(names) if n in _DMON]
+        columns = [_Cell(i, n, FIELDS[_DMON[n][0]], UNITS[_DMON[n][1]]) for i, n in enumerate(names) if n in _DMON]
         day = options.dmon_date
         last_seconds: int | None = None
         round_index = 0
@@ -763,24 +775,12 @@ class Source:
                     seen_in_round.add(gpu)
                     assert options.dmon_start_ns is not None
                     time_ns = options.dmon_start_ns + round_index * options.dmon_interval_ns
-                values: dict[str, FieldValue] = {}
-                bad_values: list[str] = []
-                for index, spec, unit, name in cells:
-                    try:
-                        value = convert(tokens[index], spec, unit)
-                    except BadRow:
-                        raise BadRow(f"bad value in {name}") from None
-                    if value is None:
-                        continue
-                    if plausible(spec, value):
-                        values[spec.name] = value
-                    else:
-                        bad_values.append(f"out-of-range value in {name}")
+                values, bad_values = _row_values(tokens, columns)
             except BadRow as bad:
                 yield Bad(number, bad.reason)
                 continue
             if not values:
-                yield Bad(number, "no values (all not available)" if not bad_values else bad_values[0])
+                yield Bad(number, _no_values(bad_values))
                 continue
             key = tuple(token for i, token in enumerate(tokens) if i != date_at and i != time_at)
             yield Row(number, time_ns, gpu, "", options.gpu_model, options.host, values, key, bad_values=bad_values)
@@ -819,24 +819,12 @@ class Source:
             for block in self._amd:
                 try:
                     gpu = _gpu_index(cells[block.gpu])
-                    values: dict[str, FieldValue] = {}
-                    bad_values: list[str] = []
-                    for cell in block.cells:
-                        try:
-                            value = convert(cells[cell.index], cell.spec, cell.unit)
-                        except BadRow:
-                            raise BadRow(f"bad value in {cell.header}") from None
-                        if value is None:
-                            continue
-                        if plausible(cell.spec, value):
-                            values[cell.spec.name] = value
-                        else:
-                            bad_values.append(f"out-of-range value in {cell.header}")
+                    values, bad_values = _row_values(cells, block.cells)
                 except BadRow as bad:
                     yield Bad(line, bad.reason)
                     continue
                 if not values:
-                    yield Bad(line, "no values (all not available)" if not bad_values else bad_values[0])
+                    yield Bad(line, _no_values(bad_values))
                     continue
                 key = tuple(cell.strip() for cell in cells[block.start : block.end])
                 yield Row(line, time_ns, gpu, "", options.gpu_model, options.host, values, key, "amd", bad_values)
