@@ -15,6 +15,7 @@ never sticks.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -184,10 +185,15 @@ class _Handler(BaseHTTPRequestHandler):
         """Scrapes are not logged (one per scrape interval)."""
 
 
+class _V6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 def serve(host: str, port: int, pages: Sequence[Callable[[], bytes]]) -> ThreadingHTTPServer:
     """``/metrics`` on HOST:PORT in a background thread: the pages' texts, concatenated."""
     handler = type("Handler", (_Handler,), {"pages": tuple(pages)})
-    server = ThreadingHTTPServer((host, port), handler)
+    server_class = _V6Server if ":" in host else ThreadingHTTPServer
+    server = server_class((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="gpuprobe-prometheus", daemon=True).start()
     return server
