@@ -75,8 +75,7 @@ class GpuExporter:
         self._lock = threading.Lock()
         self._xid_last: dict[int, int] = {}
         self._xid_counts: dict[tuple[int, int], int] = {}
-        self._labels_key: tuple[list[common_pb2.GpuInfo], Mapping[str, PodRef] | None] | None = None
-        self._labels: dict[int, str] = {}
+        self._labels_cache: tuple[list[common_pb2.GpuInfo], Mapping[str, PodRef] | None, dict[int, str]] | None = None
 
     def event(self, event: telemetry_pb2.GpuEvent) -> None:
         if event.kind != telemetry_pb2.GPU_EVENT_KIND_XID:
@@ -89,15 +88,15 @@ class GpuExporter:
     def _gpu_labels(self) -> dict[int, str]:
         infos = self._infos()
         pods = self._pods() if self._pods is not None else None
-        key = self._labels_key
+        cached = self._labels_cache  # one attribute: concurrent scrapes see a whole entry
         # the sensor's facts are new objects when they change, the poller's assignment a new mapping
         if (
-            key is not None
-            and key[1] is pods
-            and len(key[0]) == len(infos)
-            and all(a is b for a, b in zip(key[0], infos, strict=True))
+            cached is not None
+            and cached[1] is pods
+            and len(cached[0]) == len(infos)
+            and all(a is b for a, b in zip(cached[0], infos, strict=True))
         ):
-            return self._labels
+            return cached[2]
         labels: dict[int, str] = {}
         for info in infos:
             values = (
@@ -114,8 +113,7 @@ class GpuExporter:
             if pod is not None:
                 text += "," + ",".join(f'{k}="{_escape(v)}"' for k, v in zip(POD_LABELS, pod, strict=True))
             labels[info.index] = text
-        self._labels_key = (list(infos), pods)
-        self._labels = labels
+        self._labels_cache = (list(infos), pods, labels)
         return labels
 
     def render(self) -> bytes:
