@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
+import sys
 
 import pytest
 import yaml
+from k8s_helpers import ROOT, container, find, objects
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import render_kubernetes
+
 HERE = ROOT / "deploy" / "prometheus"
 
 
@@ -33,3 +36,15 @@ def test_the_pod_monitor_selects_the_agent_daemonsets_pods() -> None:
     assert monitor["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
+
+
+def test_the_chart_serves_the_gpu_metrics_on_the_port_the_pod_monitor_scrapes() -> None:
+    monitor = yaml.safe_load((HERE / "podmonitor.yaml").read_text())
+    agent = container(find(objects(render_kubernetes.render()), "DaemonSet")["spec"]["template"]["spec"], "agent")
+    ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "gpu-metrics"
+    assert agent["args"][agent["args"].index("--prometheus-listen") + 1] == f"0.0.0.0:{ports['gpu-metrics']}"
+    assert ports["gpu-metrics"] == 9400, "dcgm-exporter's port"
+    off = render_kubernetes.render({"agent": {"gpuMetricsPort": 0}})
+    agent = container(find(objects(off), "DaemonSet")["spec"]["template"]["spec"], "agent")
+    assert "--prometheus-listen" not in agent["args"] and "gpu-metrics" not in {p["name"] for p in agent["ports"]}
