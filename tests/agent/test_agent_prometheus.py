@@ -2,12 +2,14 @@
 
 NVIDIA's dashboard queries are checked as Grafana sends them: the variables filled from
 ``label_values`` (as Grafana's "All" does), each query evaluated at one scrape's instant, its value
-compared with the samples the agent streamed (within one tick of the scrape).
+compared with the points the agent's samples became in InfluxDB, through a real collector (within one
+tick of the scrape).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -16,15 +18,18 @@ from typing import Any
 
 import grpc
 import pytest
-from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_for_batches
+from agent_helpers import AgentFactory, Receiver, machine, unique_batches
 from prometheus_client.parser import text_string_to_metric_families
 from support import free_port, wait_until
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collector"))
+from collector_helpers import CollectorProcess
+
 from gpuprobe.agent.dcgm_names import GPU_FIELDS, XID_EVENTS, XID_LAST, PromMetric
+from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.devservices.prometheus import PrometheusServer
 from gpuprobe.kubelet.v1 import podresources_pb2, podresources_pb2_grpc
 from gpuprobe.sim import state
-from gpuprobe.v1 import telemetry_pb2
 
 # The PromQL of NVIDIA's "NVIDIA DCGM Exporter Dashboard" (Grafana id 12239), as its panels send them:
 # grafana/dcgm-exporter-dashboard.json in https://github.com/NVIDIA/dcgm-exporter (Apache License 2.0).
@@ -49,21 +54,15 @@ def metric_of(expr: str) -> str:
     return expr.split("(", 1)[-1].split("{", 1)[0]
 
 
-def expected(sample: telemetry_pb2.GpuSample, m: PromMetric, field: str, factor: float) -> float:
-    return float(getattr(sample, field)) * m.scale / m.divisor * factor
-
-
 def matches_within_a_tick(
-    value: float, samples: list[telemetry_pb2.GpuSample], field: str, m: PromMetric, t_s: float, factor: float
+    value: float, rows: list[dict[str, Any]], field: str, m: PromMetric, t_s: float, factor: float
 ) -> bool:
-    """The value is one the agent sent within one tick of the scrape (its newest sample of the field at
-    the scrape, or the one before or after: the scrape's clock and the tick's are read a moment apart)."""
-    carrying = sorted((s for s in samples if s.HasField(field)), key=lambda s: s.time_unix_ns)
+    """The value is one the agent stored within one tick of the scrape (its newest point with the field
+    at the scrape, or the one before or after: the scrape's clock and the tick's are read a moment apart)."""
+    carrying = sorted((r for r in rows if r.get(field) is not None), key=lambda r: r["time"])
     t_ns = int(t_s * 1e9)
-    before = [s for s in carrying if s.time_unix_ns <= t_ns]
-    after = [s for s in carrying if s.time_unix_ns > t_ns]
-    near = before[-2:] + after[:1]
-    return any(math.isclose(value, expected(s, m, field, factor), rel_tol=1e-12) for s in near)
+    near = [r for r in carrying if r["time"] <= t_ns][-2:] + [r for r in carrying if r["time"] > t_ns][:1]
+    return any(math.isclose(value, float(r[field]) * m.scale / m.divisor * factor, rel_tol=1e-12) for r in near)
 
 
 @pytest.fixture
@@ -83,16 +82,19 @@ def start_prometheus(tmp_path: Path, made: list[PrometheusServer], target: str) 
 
 
 def test_nvidias_dashboard_queries_on_a_real_prometheus(
-    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory, prometheus: list[PrometheusServer]
+    tmp_path: Path,
+    influxdb: InfluxDBDatabase,
+    collector: str,
+    agent_factory: AgentFactory,
+    prometheus: list[PrometheusServer],
 ) -> None:
     gpus = ["H100-SXM5-80GB", "H100-SXM5-80GB", "RTX-4090"]
     sim = machine(tmp_path / "sim", gpus)
     for i, util in enumerate((90.0, 40.0, 10.0)):
         state.set_load(sim.state_dir, i, util, mem_used_bytes=(i + 1) * 2**30)
-    port = free_port()
-    target = f"127.0.0.1:{port}"
+    target = f"127.0.0.1:{free_port()}"
     # one endpoint for both: the GPUs' metrics and the agent's own
-    agent = agent_factory(sim, [receiver.address], "--prometheus-listen", target, "--metrics-listen", target)
+    agent = agent_factory(sim, [collector], "--prometheus-listen", target, "--metrics-listen", target)
     agent.wait_for_log("GPU metrics under dcgm-exporter's names on http://127.0.0.1")
     prom = start_prometheus(tmp_path, prometheus, target)
 
@@ -102,13 +104,19 @@ def test_nvidias_dashboard_queries_on_a_real_prometheus(
 
     series = wait_until(scraped_thrice, 30, "three scrapes of both H100s' GPM", describe=prom.log_tail)
     t_s = float(series[0]["values"][-1][0])  # one scrape's instant (all its series share it)
-    wait_for_batches(
-        receiver,
-        lambda got: any(s.time_unix_ns > (t_s + 0.5) * 1e9 for b in got.values() for s in b.gpu_samples),
-        "the agent's samples past the scrape",
-        agent=agent,
-    )
-    samples = [s for b in unique_batches(receiver.batches()).values() for s in b.gpu_samples]
+    fields = sorted({METRICS[metric_of(expr)][0] for _, expr in DASHBOARD})
+    select = ", ".join(f'"{f}"' for f in fields)
+    window = f"time > {int((t_s - 3) * 1e9)} AND time < {int((t_s + 1) * 1e9)}"
+
+    def stored() -> dict[str, list[dict[str, Any]]] | None:
+        series = influxdb.query(f'SELECT {select} FROM "gpu" WHERE {window} GROUP BY "gpu"')
+        by_gpu = {s.tags["gpu"]: s.rows() for s in series}
+        done = len(by_gpu) == len(gpus) and all(
+            max(r["time"] for r in rows) > (t_s + 0.5) * 1e9 for rows in by_gpu.values()
+        )
+        return by_gpu if done else None
+
+    points = wait_until(stored, 30, "the agent's points past the scrape in InfluxDB", describe=agent.log)
 
     instances = prom.label_values("instance", "DCGM_FI_DEV_GPU_TEMP")
     gpu_values = prom.label_values("gpu", "DCGM_FI_DEV_GPU_TEMP")
@@ -132,9 +140,8 @@ def test_nvidias_dashboard_queries_on_a_real_prometheus(
         got = {r["metric"]["gpu"]: float(r["value"][1]) for r in result}
         assert set(got) == (gpm if field == "tensor_active_pct" else {"0", "1", "2"}), f"{title}: {got}"
         for gpu, value in got.items():
-            mine = [s for s in samples if s.gpu_index == int(gpu)]
             factor = PANEL_FACTOR.get(title, 1.0)
-            assert matches_within_a_tick(value, mine, field, m, t_s, factor), f"{title}, GPU {gpu}: {value}"
+            assert matches_within_a_tick(value, points[gpu], field, m, t_s, factor), f"{title}, GPU {gpu}: {value}"
     # dcgm-exporter's labels, and the agent's own counters on the same page
     labels = prom.query("DCGM_FI_DEV_GPU_UTIL", t_s)[0]["metric"]
     assert {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"} <= set(labels)
@@ -147,6 +154,19 @@ def test_nvidias_dashboard_queries_on_a_real_prometheus(
     assert {r["metric"]["gpu"] for r in prom.query("DCGM_FI_DEV_MEMORY_TEMP", t_s)} == {"0", "1"}
     assert prom.targets_up() == {target: "up"}
     assert agent.terminate() == 0
+
+
+@pytest.fixture
+def collector(tmp_path: Path, influxdb: InfluxDBDatabase) -> Iterator[str]:
+    """A real collector writing into the test's InfluxDB database; its address."""
+    port = free_port()
+    args = ["--insecure", "--listen", f"127.0.0.1:{port}", "--influx-url", influxdb.server.url]
+    args += ["--influx-db", influxdb.name, "--wal", str(tmp_path / "wal")]
+    process = CollectorProcess(args, tmp_path / "collector.log", port).start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
 
 
 def xid_counts(prom: PrometheusServer) -> dict[tuple[str, str], float]:
