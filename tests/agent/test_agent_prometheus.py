@@ -271,9 +271,16 @@ def test_pod_labels_from_the_pod_resources_api_follow_the_assignment(
         calls = kubelet.calls
         kubelet.assignment = {uuids["0"]: ("train-0", "ml", "trainer"), uuids["1"]: ("eval-1", "ml", "eval")}
         want = {"0": ("train-0", "ml", "trainer"), "1": ("eval-1", "ml", "eval")}
-        # within one refresh: by the second List call after the change
+        # within one refresh: one call may have been answered just before the change, the next one
+        # sees it (the third is there for the moment between its answer and the page reading it)
         wait_until(lambda: pods() == want or kubelet.calls > calls + 2, 5, "the new assignment", describe=pods)
         assert pods() == want, f"the labels changed within one refresh ({kubelet.calls - calls} calls)"
+        # the kubelet goes away (a restart): the pods last known stay, the failure is logged once
+        server.stop(None)
+        agent.wait_for_log("the kubelet's pod-resources API at .* does not answer")
+        agent.runs_for(2.5, "two refreshes without a kubelet")
+        assert pods() == want
+        assert agent.log().count("does not answer") == 1
         assert agent.terminate() == 0
     finally:
         server.stop(None)

@@ -13,9 +13,10 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuprobe.agent.dcgm_names import DCGM_DEFAULT_COUNTERS, GPU_FIELDS, NOT_SERVED, XID_LAST
-from gpuprobe.agent.podresources import PodRef
+from gpuprobe.agent.podresources import PodRef, assignments_of
 from gpuprobe.agent.prometheus import GpuExporter
 from gpuprobe.agent.sensors.events import xid_text
+from gpuprobe.kubelet.v1 import podresources_pb2
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "dcgm-exporter.md"
@@ -161,3 +162,19 @@ def test_every_default_counter_is_served_or_documented_as_missing() -> None:
         assert re.search(rf"`{name}`", docs), f"docs/dcgm-exporter.md names {name}"
     for name in NOT_SERVED:
         assert name in DCGM_DEFAULT_COUNTERS
+
+
+def test_the_pod_resources_answer_maps_gpu_uuids_to_their_container() -> None:
+    response = podresources_pb2.ListPodResourcesResponse()
+    pod = response.pod_resources.add(name="train-0", namespace="ml")
+    trainer = pod.containers.add(name="trainer")
+    trainer.devices.add(resource_name="nvidia.com/gpu", device_ids=["GPU-a", "GPU-b::1"])  # ::1: a shared replica
+    trainer.devices.add(resource_name="example.com/nic", device_ids=["GPU-not-a-gpu"])
+    pod.containers.add(name="sidecar")
+    other = response.pod_resources.add(name="infer-2", namespace="serving").containers.add(name="server")
+    other.devices.add(resource_name="nvidia.com/mig-1g.10gb", device_ids=["MIG-c"])
+    assert assignments_of(response) == {
+        "GPU-a": ("train-0", "ml", "trainer"),
+        "GPU-b": ("train-0", "ml", "trainer"),
+        "MIG-c": ("infer-2", "serving", "server"),
+    }
