@@ -124,6 +124,12 @@ GPU_FIELDS: dict[str, tuple[PromMetric, ...]] = {
         _gauge("gpuprobe_gpu_retired_pages_pending", "1 while a page retirement waits for a reset."),
     ),
     "health": (_gauge("gpuprobe_gpu_health", "The agent's verdict: 1 healthy, 2 degraded, 3 failed (GpuHealth)."),),
+    # the acoustic proxy's estimate of the GPU (an AcousticSample, not a GPU sample field: ``acoustic_`` +
+    # its field name)
+    "acoustic_est_dba": (_gauge("gpuprobe_gpu_acoustic_proxy_dba", "The acoustic proxy's estimate, in dB(A)."),),
+    "acoustic_tdp_flag": (
+        _gauge("gpuprobe_gpu_acoustic_tdp_flag", "1 while power exceeds the proxy's fraction of the TDP."),
+    ),
 }
 
 #: dcgm-exporter's last-XID gauge (from the GPU events, not a sample field).

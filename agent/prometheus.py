@@ -1,10 +1,11 @@
 """The GPUs' newest readings for Prometheus, under dcgm-exporter's names (``--prometheus-listen``).
 
 Nothing is done per tick: a scrape renders the page from what the sampler already keeps (its last
-tick's samples, and the last sample of each GPU that carried PCIe and health fields, which come less
-often), the XID tallies the events thread keeps, and the pod assignment the pod-resources poller
-keeps (:mod:`gpuprobe.agent.podresources`). Each GPU's label text is built once and again only when
-its facts or its pod change. A field a GPU does not report is absent from the page, never 0.
+tick's samples, the last sample of each GPU that carried PCIe and health fields, which come less
+often, and the acoustic proxy's last estimates), the XID tallies the events thread keeps, and the pod
+assignment the pod-resources poller keeps (:mod:`gpuprobe.agent.podresources`). Each GPU's label text
+is built once and again only when its facts or its pod change. A field a GPU does not report is
+absent from the page, never 0.
 
 The names, types and units are :mod:`gpuprobe.agent.dcgm_names`'s. XIDs are served twice: as
 dcgm-exporter does (``DCGM_FI_DEV_XID_ERRORS``, the last code, 0 before any), and as a counter of
@@ -35,6 +36,7 @@ class Readings(Protocol):
 
     latest: list[dict[str, Any]]
     latest_slow: dict[int, tuple[dict[str, Any], ...]]
+    latest_acoustic: list[telemetry_pb2.AcousticSample]
 
 
 def _escape(value: str) -> str:
@@ -119,6 +121,11 @@ class GpuExporter:
     def render(self) -> bytes:
         labels = self._gpu_labels()
         slow = self._readings.latest_slow
+        proxy = {
+            a.gpu_index: a
+            for a in self._readings.latest_acoustic
+            if a.source == telemetry_pb2.ACOUSTIC_SOURCE_PROXY and a.HasField("gpu_index")
+        }
         gpus: list[tuple[str, dict[str, Any]]] = []
         for sample in self._readings.latest:
             index = sample["gpu_index"]
@@ -133,6 +140,12 @@ class GpuExporter:
                 merged.update(sample)
             else:
                 merged = dict(sample)
+            estimate = proxy.get(index)
+            if estimate is not None:
+                if estimate.HasField("est_dba"):
+                    merged["acoustic_est_dba"] = estimate.est_dba
+                if estimate.HasField("tdp_flag"):
+                    merged["acoustic_tdp_flag"] = estimate.tdp_flag
             used, total = merged.get("mem_used_bytes"), merged.get("mem_total_bytes")
             if used is not None and total is not None:
                 merged["mem_free_bytes"] = total - used

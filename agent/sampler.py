@@ -105,6 +105,8 @@ class Sampler:
         #: :meth:`keep_slow_fields`. Entries are replaced, never changed (other threads read them).
         self.latest_slow: dict[int, tuple[dict[str, Any], ...]] = {}
         self._keep_slow = False
+        #: The last second's acoustic samples (proxy estimates per GPU, microphone windows); replaced.
+        self.latest_acoustic: list[telemetry_pb2.AcousticSample] = []
         self._last_pcie: dict[int, dict[str, Any]] = {}
         self._last_health: dict[int, dict[str, Any]] = {}
 
@@ -276,5 +278,6 @@ class Sampler:
                     )
                 )
         self._batcher.add_acoustic(acoustic)
+        self.latest_acoustic = acoustic
         self._taken += taken + len(acoustic)
         self._publish()

@@ -6,7 +6,8 @@
    script runs itself again in its environment (pynvml loads the simulated ``libnvidia-ml.so.1``).
 2. There the agent's own GPU sensor reads every GPU once as a tick does (PCIe included) and twice as
    the health interval does (so that GPM, ECC, NVLink and remapping fields are there), which makes
-   the samples a real agent's page is rendered from: every field an H100 reports.
+   the samples a real agent's page is rendered from: every field an H100 reports, and the acoustic
+   proxy's estimates.
 3. :class:`gpuprobe.agent.prometheus.GpuExporter` renders the page ``--renders`` times: CPU per
    render (``time.process_time``, the thread is alone). Then the page is served by the agent's own
    HTTP server and fetched ``--scrapes`` times over loopback with ``urllib``: the process's CPU per
@@ -35,10 +36,12 @@ WORKER_ENV = "GPUPROBE_BENCH_PROMETHEUS_WORKER"
 class Readings:
     latest: list[dict[str, Any]] = field(default_factory=list)
     latest_slow: dict[int, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    latest_acoustic: list[Any] = field(default_factory=list)
 
 
 def worker(renders: int, scrapes: int) -> dict[str, Any]:
     from gpuprobe.agent.prometheus import GpuExporter, serve
+    from gpuprobe.agent.sensors.proxy import AcousticProxy, ProxyParams
     from gpuprobe.nvml.sensor import GpuSensor
 
     sensor = GpuSensor.open()
@@ -52,7 +55,8 @@ def worker(renders: int, scrapes: int) -> dict[str, Any]:
         infos = sensor.infos
     finally:
         sensor.close()
-    readings = Readings(latest=samples, latest_slow={s["gpu_index"]: (s,) for s in samples})
+    acoustic = AcousticProxy(ProxyParams(), infos).estimate(samples, time.time_ns())
+    readings = Readings(latest=samples, latest_slow={s["gpu_index"]: (s,) for s in samples}, latest_acoustic=acoustic)
     exporter = GpuExporter(readings, lambda: infos, "bench-node")
     page = exporter.render()
     for _ in range(100):

@@ -148,7 +148,11 @@ def test_nvidias_dashboard_queries_on_a_real_prometheus(
     assert labels["Hostname"] == "node-1" and labels["UUID"].startswith("GPU-")
     assert prom.query("gpuprobe_agent_samples_taken_total", t_s), "the self-metrics share the endpoint"
     # the fields of the slower reads are on every scrape too (PCIe once a second, health once a second)
-    for name in ("gpuprobe_gpu_pcie_tx_bytes_per_second", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"):
+    for name in (
+        "gpuprobe_gpu_pcie_tx_bytes_per_second",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "gpuprobe_gpu_acoustic_proxy_dba",
+    ):
         assert {r["metric"]["gpu"] for r in prom.query(name, t_s)} == {"0", "1", "2"}, name
     # absent, never 0: the RTX 4090 has no memory temperature sensor
     assert {r["metric"]["gpu"] for r in prom.query("DCGM_FI_DEV_MEMORY_TEMP", t_s)} == {"0", "1"}

@@ -26,6 +26,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "dcgm-exporter.md"
 class Readings:
     latest: list[dict[str, Any]] = field(default_factory=list)
     latest_slow: dict[int, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    latest_acoustic: list[telemetry_pb2.AcousticSample] = field(default_factory=list)
 
 
 INFOS = [
@@ -79,7 +80,12 @@ def test_values_units_types_and_labels_and_absent_fields() -> None:
     # the last health read of GPU 0 (a second ago) and its last PCIe read: older, fewer fields
     health = {"time_unix_ns": 1_000, "gpu_index": 0, "power_w": 1.0, "tensor_active_pct": 42.0, "remap_failure": False}
     pcie = {"time_unix_ns": 1_500, "gpu_index": 0, "power_w": 2.0, "pcie_tx_bytes_per_s": 1e9}
-    readings = Readings([h100, rtx], {0: (pcie, health)})
+    proxy = telemetry_pb2.ACOUSTIC_SOURCE_PROXY
+    acoustic = [
+        telemetry_pb2.AcousticSample(time_unix_ns=1, source=proxy, gpu_index=1, est_dba=41.5, tdp_flag=False),
+        telemetry_pb2.AcousticSample(time_unix_ns=1, source=telemetry_pb2.ACOUSTIC_SOURCE_MIC, laeq_db=60.0),
+    ]
+    readings = Readings([h100, rtx], {0: (pcie, health)}, acoustic)
     got = page(GpuExporter(readings, lambda: INFOS, "node-1"))
 
     assert by_gpu(got["DCGM_FI_DEV_GPU_UTIL"][1]) == {"0": 87.0, "1": 3.0}
@@ -92,6 +98,8 @@ def test_values_units_types_and_labels_and_absent_fields() -> None:
     assert by_gpu(got["gpuprobe_gpu_pcie_tx_bytes_per_second"][1]) == {"0": 1e9}, "from the PCIe read"
     assert by_gpu(got["DCGM_FI_DEV_ROW_REMAP_FAILURE"][1]) == {"0": 0.0}
     assert by_gpu(got["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"][1]) == {"0": 0.0}
+    assert by_gpu(got["gpuprobe_gpu_acoustic_proxy_dba"][1]) == {"1": 41.5}, "the proxy's estimate, per GPU"
+    assert by_gpu(got["gpuprobe_gpu_acoustic_tdp_flag"][1]) == {"1": 0.0}
     # unsupported: absent for that GPU, never 0
     assert by_gpu(got["DCGM_FI_DEV_MEMORY_TEMP"][1]) == {"0": 80.0}
     assert by_gpu(got["DCGM_FI_DEV_FAN_SPEED"][1]) == {"1": 31.0}
