@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := influxdb mosquitto libportaudio2 sox gcc chromium systemd faketime
+APT_PACKAGES := influxdb mosquitto libportaudio2 sox gcc chromium systemd faketime prometheus
 STAMP := $(VENV)/.installed
 
 .PHONY: help demo test deps system-deps venv node sim proto lint typecheck unit clean
@@ -19,13 +19,17 @@ help:
 
 deps: system-deps venv node sim
 
-# Debian packages: only the missing ones, so a machine that has them needs no network.
+# Debian packages: only the missing ones, so a machine that has them needs no network. A Prometheus
+# installed here is stopped and disabled as a system service (the tests start their own on free ports).
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	  case " $$missing " in *" prometheus "*) \
+	    $$SUDO systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true;; \
+	  esac; \
 	fi
 
 venv: $(STAMP)

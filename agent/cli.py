@@ -110,6 +110,26 @@ AGENT_OPTIONS = [
     Option("token_file", "file holding the bearer token", Path, metavar="FILE"),
     Option("metrics_listen", "serve Prometheus metrics on HOST:PORT (default: off)", default="", metavar="HOST:PORT"),
     Option(
+        "prometheus_listen",
+        "serve the GPUs' newest readings under dcgm-exporter's metric names on HOST:PORT/metrics (default: off;"
+        " a separate endpoint, or the same one as --metrics-listen when both name the same HOST:PORT)",
+        default="",
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "pod_resources_socket",
+        "the kubelet's pod-resources socket (e.g. /var/lib/kubelet/pod-resources/kubelet.sock): pod, namespace"
+        " and container labels of the GPUs on --prometheus-listen (default: off)",
+        default="",
+        metavar="PATH",
+    ),
+    Option(
+        "pod_resources_interval",
+        "ask the kubelet's pod-resources API which pod holds which GPU this often",
+        parse_duration,
+        10.0,
+    ),
+    Option(
         "trainer_socket",
         "unix socket where the local trainer reports progress (default: off; with --broker SPOOL/trainer.sock)",
         default="",

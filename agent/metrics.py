@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -144,6 +144,15 @@ class _Collector:
                 yield GaugeMetricFamily(name, HELP[f.name], value=value)
             else:
                 yield CounterMetricFamily(name, HELP[f.name], value=value)
+
+
+def metrics_page(counters: Counters) -> Callable[[], bytes]:
+    """The counters' page as a function, for an endpoint shared with the GPU metrics (gpuprobe.agent.prometheus)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(counters))
+    return lambda: generate_latest(registry)
 
 
 def serve_metrics(counters: Counters, host: str, port: int) -> Any:

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 SLOW_INTERVAL_S = 1.0  # host and acoustics
 NVLINK_LINK_INTERVAL_S = 60.0  # a link's point when its error counters did not move
 NVLINK_LINK_INTERVAL_NS = int(NVLINK_LINK_INTERVAL_S * 1e9)
+PCIE_FIELD = "pcie_tx_bytes_per_s"  # in the samples of the ticks that read PCIe (--pcie-interval)
 
 
 class Sampler:
@@ -99,6 +100,15 @@ class Sampler:
         # the last tick's GPU samples (replaced, never changed, so other threads may read it: the
         # embedded control plane reads power, temperature and energy from it, gpuprobe.agent.fleet)
         self.latest: list[dict[str, Any]] = []
+        #: GPU index -> its last samples that carried PCIe and health fields (read less often than the
+        #: others), for the Prometheus page (gpuprobe.agent.prometheus); kept only after
+        #: :meth:`keep_slow_fields`. Entries are replaced, never changed (other threads read them).
+        self.latest_slow: dict[int, tuple[dict[str, Any], ...]] = {}
+        self._keep_slow = False
+        #: The last second's acoustic samples (proxy estimates per GPU, microphone windows); replaced.
+        self.latest_acoustic: list[telemetry_pb2.AcousticSample] = []
+        self._last_pcie: dict[int, dict[str, Any]] = {}
+        self._last_health: dict[int, dict[str, Any]] = {}
 
     @property
     def health(self) -> dict[int, Verdict]:
@@ -110,6 +120,10 @@ class Sampler:
         self._batcher.add_gpu_events([event])
         self._counters.add(samples_taken=1)
         self.health_tracker.event(event)
+
+    def keep_slow_fields(self) -> None:
+        """Keep :attr:`latest_slow` (a look-up per GPU on each tick; off unless the page is served)."""
+        self._keep_slow = True
 
     def _lost(self, index: int, lost: bool) -> None:
         self.gpu_event(lost_event(index, lost))
@@ -178,13 +192,30 @@ class Sampler:
             return []
         samples = gpus.read_all(self._pcie_every, n % self._pcie_every)
         every = self._health_every
-        if every and n % every == 0:
+        health_tick = bool(every and n % every == 0)
+        if health_tick:
             for sample in samples:
                 self._health(gpus, sample)
+        if self._keep_slow:
+            self._remember_slow(samples, health_tick)
         self._batcher.add_gpu(samples)
         self._taken += len(samples)
         self.latest = samples
         return samples
+
+    def _remember_slow(self, samples: list[dict[str, Any]], health_tick: bool) -> None:
+        for sample in samples:
+            pcie = PCIE_FIELD in sample
+            if not (pcie or health_tick):
+                continue
+            index = sample["gpu_index"]
+            if pcie:
+                self._last_pcie[index] = sample
+            if health_tick:
+                self._last_health[index] = sample
+            self.latest_slow[index] = tuple(
+                s for s in (self._last_pcie.get(index), self._last_health.get(index)) if s is not None
+            )
 
     def _health(self, gpus: GpuSensor, sample: dict[str, Any]) -> None:
         """The health interval's reads of one GPU, into its sample of this tick and the batch."""
@@ -247,5 +278,6 @@ class Sampler:
                     )
                 )
         self._batcher.add_acoustic(acoustic)
+        self.latest_acoustic = acoustic
         self._taken += taken + len(acoustic)
         self._publish()

@@ -32,9 +32,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuprobe import __version__
-from gpuprobe.agent import identity
+from gpuprobe.agent import identity, prometheus
 from gpuprobe.agent.batcher import Batcher
-from gpuprobe.agent.metrics import Counters, serve_metrics
+from gpuprobe.agent.metrics import Counters, metrics_page, serve_metrics
+from gpuprobe.agent.podresources import PodResources
+from gpuprobe.agent.prometheus import GpuExporter
 from gpuprobe.agent.resolution import ResolutionPolicy
 from gpuprobe.agent.sampler import Sampler
 from gpuprobe.agent.sensors.acoustic import Microphone
@@ -85,6 +87,7 @@ class Agent:
         self._spool_failing_since: float | None = None
         self._last_spool_error_log = 0.0
         self.events: EventThread | None = None
+        self.pod_resources: PodResources | None = None
         # a high-resolution window opened: the recorder's batches since then still have to be promoted
         self._promote_since_ns: int | None = None
 
@@ -137,13 +140,17 @@ class Agent:
         trainer = await self._start_trainer_input()
         if trainer is not None:
             parts.push_async_callback(trainer.stop)
-        self._serve_metrics(parts)
+        exporter = self._gpu_exporter(sampler)
+        if self.pod_resources is not None:
+            self.pod_resources.start()
+            parts.callback(self.pod_resources.stop)
+        self._serve_metrics(parts, exporter)
 
         sampler_died = asyncio.Event()
         sampler.on_failure = lambda _error: void(loop.call_soon_threadsafe(sampler_died.set))
         sampler.start()
         parts.callback(sampler.stop)
-        events = self._start_events(gpus, sampler)
+        events = self._start_events(gpus, sampler, exporter)
         if events is not None:
             parts.callback(events.join, 2.0)
             parts.callback(events.stop)
@@ -265,14 +272,24 @@ class Agent:
             s.health_interval_s,
         )
 
-    def _start_events(self, gpus: GpuSensor | None, sampler: Sampler) -> EventThread | None:
+    def _start_events(
+        self, gpus: GpuSensor | None, sampler: Sampler, exporter: GpuExporter | None
+    ) -> EventThread | None:
         """NVML's GPU events (XID, ECC, clocks, power source) in their own thread, into the sampler."""
         if gpus is None or not self.settings.health_interval_s:
             return None
         source = gpus.open_events(EVENT_TYPES)
         if source is None:
             return None
-        events = EventThread(source, sampler.gpu_event)
+        sink = sampler.gpu_event
+        if exporter is not None:
+            gpu_event, tally = sampler.gpu_event, exporter.event
+
+            def sink(event: telemetry_pb2.GpuEvent) -> None:
+                gpu_event(event)
+                tally(event)
+
+        events = EventThread(source, sink)
         events.start()
         self.events = events
         return events
@@ -289,16 +306,45 @@ class Agent:
             return None
         return trainer
 
-    def _serve_metrics(self, parts: contextlib.AsyncExitStack) -> None:
-        listen = self.settings.metrics_listen
-        if listen is None:
+    def _serve_metrics(self, parts: contextlib.AsyncExitStack, exporter: GpuExporter | None) -> None:
+        """The counters' endpoint (--metrics-listen) and the GPUs' (--prometheus-listen): one server when
+        both name the same address."""
+        s = self.settings
+        listen = s.metrics_listen
+        shared = exporter is not None and s.prometheus_listen == listen
+        if listen is not None and not shared:
+            try:
+                server = serve_metrics(self.counters, *listen)
+            except OSError as e:
+                log.error("metrics endpoint %s:%d: %s; continuing without it", *listen, e)
+            else:
+                parts.callback(server.shutdown)
+        gpu_listen = s.prometheus_listen
+        if exporter is None or gpu_listen is None:
             return
+        pages = [exporter.render, metrics_page(self.counters)] if shared else [exporter.render]
         try:
-            server = serve_metrics(self.counters, *listen)
+            gpu_server = prometheus.serve(*gpu_listen, pages)
         except OSError as e:
-            log.error("metrics endpoint %s:%d: %s; continuing without it", *listen, e)
+            log.error("GPU metrics endpoint %s:%d: %s; continuing without it", *gpu_listen, e)
             return
-        parts.callback(server.shutdown)
+        parts.callback(gpu_server.server_close)
+        parts.callback(gpu_server.shutdown)
+        host, port = gpu_server.server_address[:2]
+        if shared:
+            log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
+        log.info("GPU metrics under dcgm-exporter's names on http://%s:%d/metrics", host, port)
+
+    def _gpu_exporter(self, sampler: Sampler) -> GpuExporter | None:
+        s = self.settings
+        if s.prometheus_listen is None:
+            return None
+        sampler.keep_slow_fields()
+        pods = None
+        if s.pod_resources_socket is not None:
+            self.pod_resources = PodResources(s.pod_resources_socket, s.pod_resources_interval_s)
+            pods = self.pod_resources.assignments
+        return GpuExporter(sampler, self._current_infos, self.identity.host, pods)
 
     # ------------------------------------------------------------------ stop
 

@@ -102,6 +102,9 @@ class AgentSettings:
     aggregate_interval_s: float = 1.0
     hires_after_s: float = 300.0  # a window's length after its last trigger
     flight_recorder_s: float = 300.0  # raw samples kept in the spool outside windows (0: off)
+    prometheus_listen: tuple[str, int] | None = None  # the GPU readings under dcgm-exporter's names
+    pod_resources_socket: Path | None = None
+    pod_resources_interval_s: float = 10.0
     control: ControlSettings | None = None  # --broker: the embedded control plane (gpuprobe.agent.fleet)
 
     @classmethod
@@ -130,7 +133,10 @@ class AgentSettings:
             spool_memory_max_bytes=int(v["spool_memory_max_bytes"]),
             uplink=_uplink_settings(v, ident.agent_id, missing_files_ok),
             grace_s=float(v["grace"]),
-            metrics_listen=_metrics_listen(v),
+            metrics_listen=_listen(v, "metrics_listen"),
+            prometheus_listen=_listen(v, "prometheus_listen"),
+            pod_resources_socket=Path(v["pod_resources_socket"]) if v["pod_resources_socket"] else None,
+            pod_resources_interval_s=float(v["pod_resources_interval"]),
             trainer_socket=trainer_socket,
             mic_device=v["mic_device"] or "",
             mic_calibration_db=float(v["mic_calibration_db"]),
@@ -176,6 +182,7 @@ class AgentSettings:
             f"{' + bearer token' if u.token else ''}",
             f"grace on stop    {self.grace_s:g} s",
             f"metrics          {metrics}",
+            f"GPU metrics      {self._describe_prometheus()}",
             f"trainer socket   {self.trainer_socket or 'off'}",
             f"microphone       {self.mic_device or 'none (proxy only)'}",
         ]
@@ -189,6 +196,17 @@ class AgentSettings:
                 f" {', '.join(sorted(c.trusted_keys))}; control dir {c.state_dir}"
             )
         return "\n".join(lines)
+
+    def _describe_prometheus(self) -> str:
+        listen = self.prometheus_listen
+        if listen is None:
+            return "off"
+        where = f"{listen[0]}:{listen[1]} (dcgm-exporter names)"
+        if listen == self.metrics_listen:
+            where += ", the --metrics-listen endpoint"
+        if self.pod_resources_socket is not None:
+            where += f"; pods from {self.pod_resources_socket} every {self.pod_resources_interval_s:g} s"
+        return where
 
     def _describe_resolution(self) -> str:
         if self.resolution == "full":
@@ -215,6 +233,10 @@ def _check_ranges(v: dict[str, Any]) -> None:
     _need(
         0.05 <= v["flush_interval"] <= 10,
         f"--flush-interval must be between 0.05 and 10 s, not {v['flush_interval']}",
+    )
+    _need(
+        v["pod_resources_interval"] >= 1,
+        f"--pod-resources-interval must be at least 1 s, not {v['pod_resources_interval']}",
     )
     _need(v["batch_max_samples"] >= 100, "--batch-max-samples must be at least 100 (wire contract)")
     _need(v["spool_max_bytes"] >= 64 * 1024, "--spool-max-bytes must be at least 64KiB")
@@ -325,13 +347,13 @@ def _tls_settings(v: dict[str, Any], missing_files_ok: bool = False) -> TlsSetti
     )
 
 
-def _metrics_listen(v: dict[str, Any]) -> tuple[str, int] | None:
-    if not v["metrics_listen"]:
+def _listen(v: dict[str, Any], key: str) -> tuple[str, int] | None:
+    if not v[key]:
         return None
     try:
-        address = parse_address(v["metrics_listen"], allow_port_zero=True)
+        address = parse_address(v[key], allow_port_zero=True)
     except ValueError as e:
-        raise ConfigError(f"--metrics-listen: {e}") from None
+        raise ConfigError(f"--{key.replace('_', '-')}: {e}") from None
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 

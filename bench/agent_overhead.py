@@ -24,17 +24,20 @@ agent's GPU-samples are counted at the receiver (samples stamped inside the wind
 completed polls in the window times the GPU count. Usage::
 
     python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--rate-hz 10] [--warmup 5] [--health-interval 1]
-                                   [--resolution auto|full] [--per-thread] [--alone]
+                                   [--resolution auto|full] [--per-thread] [--alone] [--scrape-interval 1]
 
 With ``--resolution auto`` the agent ships aggregates: each counts the samples it holds. ``--per-thread``
 adds the agent's CPU per thread (by OS thread name) to the table and the JSON. ``--alone`` runs the agent
 without the peers: the peers poll at 10 Hz too and evict the agent's code and data from the caches between
-its ticks, which the agent pays for after every wake-up.
+its ticks, which the agent pays for after every wake-up. ``--scrape-interval S`` starts the agent with
+``--prometheus-listen`` and fetches its GPU page every S seconds from this process, as a Prometheus
+would (the fetching is not in the agent's figure; run once with and once without to compare).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -43,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,8 +210,15 @@ def main() -> int:
         action="store_true",
         help="run the agent without the peers (its figure without their competition for the CPUs and caches)",
     )
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=0.0,
+        help="fetch the agent's --prometheus-listen page this often (s; 0: no page, no scrapes)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    args.prometheus_port = free_port() if args.scrape_interval > 0 else None
 
     with temporary_machine([get_profile(args.profile)] * args.gpus) as sim, tempfile.TemporaryDirectory() as tmp:
         for i in range(args.gpus):
@@ -262,6 +273,7 @@ def start_processes(
                     "--health-interval",  # 1 s (the default): the health reads are part of the figure
                     f"{args.health_interval:g}",
                     *resolution,
+                    *(["--prometheus-listen", f"127.0.0.1:{args.prometheus_port}"] if args.prometheus_port else []),
                 ],
                 env=env,
                 stdout=agent_log,
@@ -287,8 +299,24 @@ def start_processes(
     return procs
 
 
+def scrape(port: int, interval_s: float, total_s: float) -> None:
+    """Fetch the agent's GPU page every ``interval_s`` (as a Prometheus scrape job would)."""
+    import urllib.error
+    import urllib.request
+
+    end = time.monotonic() + total_s
+    next_s = time.monotonic()
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError, urllib.error.URLError):  # not listening yet
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        next_s += interval_s
+        time.sleep(max(0.0, next_s - time.monotonic()))
+
+
 def measure(procs: list[Measured], args: argparse.Namespace, received: Path, total_s: float) -> float:
     """CPU and RSS of every process over the window, and the GPU-samples each took; the window in s."""
+    if args.prometheus_port:
+        threading.Thread(target=scrape, args=(args.prometheus_port, args.scrape_interval, total_s), daemon=True).start()
     time.sleep(args.warmup)
     t0_ns = time.time_ns()
     for p in procs:

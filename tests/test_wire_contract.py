@@ -44,10 +44,14 @@ def run_buf(*args: str, cwd: Path, cache: Path) -> subprocess.CompletedProcess[s
 
 @pytest.fixture
 def contract_copy(tmp_path: Path) -> Path:
-    """A scratch repo holding copies of proto/ and the committed gpuprobe/v1 package."""
+    """A scratch repo holding copies of proto/ and the committed packages generated from it (gpuprobe/v1, and
+    gpuprobe/kubelet from the vendored kubelet API)."""
     root = tmp_path / "repo"
     shutil.copytree(PROTO_DIR, root / "proto")
-    shutil.copytree(REPO / "gpuprobe" / "v1", root / "gpuprobe" / "v1", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in sorted(p.name for p in (PROTO_DIR / "gpuprobe").iterdir() if p.is_dir()):
+        shutil.copytree(
+            REPO / "gpuprobe" / package, root / "gpuprobe" / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     return root
 
 
