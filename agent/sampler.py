@@ -111,8 +111,8 @@ class Sampler:
         self._counters.add(samples_taken=1)
         self.health_tracker.event(event)
 
-    def _lost(self, index: int, lost: bool) -> None:
-        self.gpu_event(lost_event(index, lost))
+    def _lost(self, index: int, lost: bool, reason: str) -> None:
+        self.gpu_event(lost_event(index, lost, reason=reason))
 
     def start(self) -> None:
         if self._gpus is not None:

@@ -75,7 +75,9 @@ Errors are translated here, once:
 
 - ``NOT_SUPPORTED`` (or a missing function): the field is absent from every later sample of that GPU
   (never a fake zero) and the fact is logged once per GPU and field.
-- ``GPU_IS_LOST``: the GPU yields no samples and is logged as lost (and :attr:`GpuSensor.on_lost`
+- ``GPU_IS_LOST``, and the other answers after which a GPU gives nothing (``RESET_REQUIRED``,
+  ``DRIVER_NOT_LOADED``, ``LIB_RM_VERSION_MISMATCH``, ``UNKNOWN``: :data:`~gpuprobe.nvml.errors.GONE`):
+  the GPU yields no samples, is counted once as a read error and is logged as lost (and :attr:`GpuSensor.on_lost`
   is told, as it is when the GPU answers again); it is retried once per
   ``lost_retry_s`` and logged again when it answers, and its static facts are read again then (an
   outage can have hidden some; :attr:`GpuSensor.infos` shows the new ones). A GPU that is already
@@ -101,6 +103,7 @@ from typing import Any
 import pynvml
 
 from gpuprobe.nvml.errors import (
+    GONE,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NOT_FOUND,
@@ -109,6 +112,7 @@ from gpuprobe.nvml.errors import (
     NVML_SUCCESS,
     GpuSensorError,
     error_name,
+    gone_reason,
     text,
 )
 from gpuprobe.v1 import common_pb2
@@ -379,6 +383,7 @@ class _Gpu:
     limit_fallback: bool = False  # field 190 is missing: read the enforced power limit instead
     fast: Callable[[int], Sample | None] | None = None  # the straight-line reader (None while probing)
     lost: bool = False
+    lost_code: int = NVML_ERROR_GPU_IS_LOST  # which of the GONE codes it answered, while lost
     retry_at: float = 0.0
     known: bool = True  # False: lost when the sensor opened, its static facts not read yet
     slow: _SlowState = field(default_factory=lambda: _SlowState())
@@ -401,22 +406,23 @@ class GpuSensor:
         self.read_errors = 0  # NVML errors other than "not supported" (the sampler reads the total)
         self._fv = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
         self._by_index = {g.index: g for g in gpus}
-        # told (index, lost) when a GPU stops answering (GPU_IS_LOST) and when it answers again; called
-        # in the thread that reads (the sampler's); set it with set_lost_hook
-        self.on_lost: Callable[[int, bool], None] | None = None
+        # told (index, lost, reason) when a GPU stops answering (one of the GONE codes) and when it answers
+        # again; called in the thread that reads (the sampler's); set it with set_lost_hook
+        self.on_lost: Callable[[int, bool, str], None] | None = None
 
-    def set_lost_hook(self, hook: Callable[[int, bool], None]) -> None:
-        """``hook(index, lost)`` on every change from now on, and at once for the GPUs lost already."""
+    def set_lost_hook(self, hook: Callable[[int, bool, str], None]) -> None:
+        """``hook(index, lost, reason)`` on every change from now on, and at once for the GPUs lost already;
+        ``reason`` names NVML's answer (:func:`~gpuprobe.nvml.errors.gone_reason`), "" when it answers again."""
         self.on_lost = hook
         for gpu in self._gpus:
             if gpu.lost:
-                hook(gpu.index, True)
+                hook(gpu.index, True, gone_reason(gpu.lost_code))
 
     def _tell(self, gpu: _Gpu, lost: bool) -> None:
         hook = self.on_lost
         if hook is not None:
             try:
-                hook(gpu.index, lost)
+                hook(gpu.index, lost, gone_reason(gpu.lost_code) if lost else "")
             except Exception:  # a hook's failure must not stop sampling
                 log.exception("the lost-GPU hook failed")
 
@@ -442,10 +448,11 @@ class GpuSensor:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 info = _static_info(index, handle, driver)
             except pynvml.NVMLError as e:
-                if handle is not None and isinstance(e, pynvml.NVMLError_GpuIsLost):
+                if handle is not None and int(e.value) in GONE:
                     log.error("GPU %d is lost (%s): it joins when it answers; the other GPUs are sampled", index, e)
+                    info = common_pb2.GpuInfo(index=index)
                     gpus.append(
-                        _Gpu(index=index, handle=handle, info=common_pb2.GpuInfo(index=index), lost=True, known=False)
+                        _Gpu(index=index, handle=handle, info=info, lost=True, lost_code=int(e.value), known=False)
                     )
                 else:
                     log.error(
@@ -675,16 +682,20 @@ class GpuSensor:
             return  # the enforced power limit is tried instead
         log.info("%s: %s is not supported (%s: %s); the field is left out", gpu.label, key, what, error_name(code))
 
-    def _lose(self, gpu: _Gpu, what: str) -> None:
-        self.read_errors += 1
+    def _lose(self, gpu: _Gpu, what: str, code: int = NVML_ERROR_GPU_IS_LOST) -> None:
+        """The GPU answered one of the :data:`GONE` codes: no samples until it answers again. Counted and
+        logged once per outage (its retries, once per ``lost_retry_s``, are not new errors)."""
         gpu.retry_at = time.monotonic() + self._lost_retry_s
-        if not gpu.lost:
+        if not gpu.lost or code != gpu.lost_code:
+            self.read_errors += 1
             gpu.lost = True
+            gpu.lost_code = code
             log.error(
-                "%s is lost (%s answered GPU_IS_LOST): no samples from it until it answers again; "
+                "%s is lost (%s answered %s): no samples from it until it answers again; "
                 "the other GPUs keep being sampled",
                 gpu.label,
                 what,
+                GONE[code][0],
             )
             self._tell(gpu, True)
 
@@ -754,8 +765,8 @@ class GpuSensor:
         sample: Sample = {"time_unix_ns": t_ns, "gpu_index": gpu.index}
         if gpu.field_count:
             rc = self._fv(gpu.handle, gpu.field_count, gpu.field_array)
-            if rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, "nvmlDeviceGetFieldValues")
+            if rc in GONE:
+                self._lose(gpu, "nvmlDeviceGetFieldValues", rc)
                 return None
             if rc:
                 for spec in gpu.fields:
@@ -769,8 +780,8 @@ class GpuSensor:
                         sample[spec.key] = _field_value(f) / spec.divisor if spec.divisor != 1 else _field_value(f)
                         if spec.value_type < 0:
                             spec.value_type = int(f.valueType)
-                    elif frc == NVML_ERROR_GPU_IS_LOST:
-                        self._lose(gpu, f"field {spec.field_id}")
+                    elif frc in GONE:
+                        self._lose(gpu, f"field {spec.field_id}", frc)
                         return None
                     elif frc == NVML_ERROR_NOT_SUPPORTED and probing:
                         self._unsupported(gpu, spec.key, f"NVML field {spec.field_id}", frc)
@@ -780,8 +791,8 @@ class GpuSensor:
             rc = call.fn(*call.args)
             if rc == NVML_SUCCESS:
                 call.store(sample)
-            elif rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, call.key)
+            elif rc in GONE:
+                self._lose(gpu, call.key, rc)
                 return None
             elif probing and rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
                 self._unsupported(gpu, call.key, "NVML", rc)
@@ -802,8 +813,8 @@ class GpuSensor:
             rc = call.fn(*call.args)
             if rc == NVML_SUCCESS:
                 call.store(sample)
-            elif rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, call.key)
+            elif rc in GONE:
+                self._lose(gpu, call.key, rc)
                 return
             elif probing and rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
                 self._unsupported(gpu, call.key, "NVML", rc)
@@ -818,7 +829,8 @@ class GpuSensor:
         """``function(*args)`` with the sensor's error translation; None when there is no value.
 
         NOT_SUPPORTED or a missing function: ``key`` is absent from then on for this GPU (logged once);
-        GPU_IS_LOST: the GPU is lost (check ``gpu.lost``); anything else: counted, logged once.
+        a GONE code (GPU_IS_LOST, RESET_REQUIRED, ...): the GPU is lost (check ``gpu.lost``); anything else:
+        counted, logged once.
         """
         if key in gpu.unsupported:
             return None
@@ -828,8 +840,8 @@ class GpuSensor:
             code = int(e.value)
             if code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
                 self._unsupported(gpu, key, getattr(function, "__name__", "NVML"), code)
-            elif code == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, key)
+            elif code in GONE:
+                self._lose(gpu, key, code)
             else:
                 self._error(gpu, key, code)
             return None
@@ -963,8 +975,8 @@ class GpuSensor:
                     pynvml.nvmlDeviceGetNvLinkState(h, link)
                 except pynvml.NVMLError as e:
                     code = int(e.value)
-                    if code == NVML_ERROR_GPU_IS_LOST:
-                        self._lose(gpu, "nvlink")
+                    if code in GONE:
+                        self._lose(gpu, "nvlink", code)
                         return []
                     continue
                 links.append(link)
@@ -991,8 +1003,8 @@ class GpuSensor:
             if rc == NVML_SUCCESS:
                 if state.value == 1:
                     active.add(link)
-            elif rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, "nvlink_state")
+            elif rc in GONE:
+                self._lose(gpu, "nvlink_state", rc)
                 return []
             else:
                 self._error(gpu, "nvlink_state", rc)
@@ -1007,8 +1019,8 @@ class GpuSensor:
             count = len(per_link) * 2
             with_totals = "nvlink_error_totals" not in gpu.unsupported
             rc = self._fv(h, count + len(FIELD_NVLINK_ERROR_TOTALS) if with_totals else count, array)
-            if rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, "nvlink_throughput")
+            if rc in GONE:
+                self._lose(gpu, "nvlink_throughput", rc)
                 return []
             if rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
                 self._unsupported(gpu, "nvlink_throughput", "nvmlDeviceGetFieldValues", rc)
@@ -1063,8 +1075,8 @@ class GpuSensor:
                         continue
                     read.append(None)
                     complete = False
-                    if rc == NVML_ERROR_GPU_IS_LOST:
-                        self._lose(gpu, "nvlink_errors")
+                    if rc in GONE:
+                        self._lose(gpu, "nvlink_errors", rc)
                         slow.nvlink_totals = None
                         return []
                     elif rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
@@ -1167,8 +1179,8 @@ class GpuSensor:
                 mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, i)
                 gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
             except pynvml.NVMLError as e:
-                if int(e.value) == NVML_ERROR_GPU_IS_LOST:
-                    self._lose(gpu, "mig")
+                if int(e.value) in GONE:
+                    self._lose(gpu, "mig", int(e.value))
                     return []
                 continue  # NOT_FOUND: no MIG device in this slot
             attributes = _optional(functools.partial(pynvml.nvmlDeviceGetAttributes, mig))

@@ -62,6 +62,8 @@ enum {
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_RESET_REQUIRED = 16,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -142,7 +144,7 @@ typedef struct sim_gpu {
     unsigned util;
     double limit_w;
     long long holder_pid, holder_mem_bytes;
-    int failed;
+    int failed; /* the code every query answers while failed (F events: GPU_IS_LOST, RESET_REQUIRED, ...), or 0 */
     unsigned workload, next_workload; /* rows of the workload table: in force, named by the last W event */
     /* health state (events E, R, N; F 0 is a GPU reset): docs/simulator.md, "Health" */
     unsigned long long ecc_corr_vol, ecc_corr_agg, ecc_unc_vol, ecc_unc_agg;
@@ -493,7 +495,8 @@ static void apply_events_until(sim_gpu *g, int64_t t_ns) {
             break;
         case 'L': g->limit_w = e->value / 1000.0; break;
         case 'F':
-            g->failed = e->value != 0;
+            /* F 1 (older gpuprobe, and the default): GPU_IS_LOST; any other non-zero value is the code answered */
+            g->failed = e->value == 1 ? NVML_ERROR_GPU_IS_LOST : (int)e->value;
             if (!g->failed) {
                 /* brought back = a GPU reset: volatile counters restart, pending remaps and retirements are
                  * carried out; aggregate counts, remapped rows, retired pages and a remap failure persist */
@@ -667,7 +670,7 @@ static int check_device(nvmlDevice_t d) {
     if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
     if (d < g_gpus || d >= g_gpus + g_gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
     refresh();
-    if (d->failed) return NVML_ERROR_GPU_IS_LOST;
+    if (d->failed) return d->failed;
     return NVML_SUCCESS;
 }
 
@@ -775,6 +778,8 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded (gpuprobe simulator: GPUPROBE_SIM_DIR not set or has no sim.conf)";
     case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
     }
