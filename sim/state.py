@@ -70,8 +70,9 @@ LEGACY_FIRST_ORDER_THERMAL: dict[str, float] = {
     "fan_conductance_floor": 1.0,
 }
 # The health parameters a machine written before they existed lacks, at the values the C library reads
-# an absent key as: no NVLink, no MIG (row_remapping it derives from the architecture, as the profiles do).
-LEGACY_HEALTH: dict[str, int] = {"nvlink_links": 0, "mig_instances": 0}
+# an absent key as: no NVLink (every counter supported where there is), no MIG (row_remapping it derives
+# from the architecture, as the profiles do).
+LEGACY_HEALTH: dict[str, int] = {"nvlink_links": 0, "nvlink_unsupported_counters": 0, "mig_instances": 0}
 # Who may set power limits, like the driver: root. Tests that run unprivileged add their own uid.
 DEFAULT_ADMIN_UIDS: tuple[int, ...] = (0,)
 

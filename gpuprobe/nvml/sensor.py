@@ -297,6 +297,7 @@ class _SlowState:
     nvlink_totals: tuple[int, ...] | None = None  # the error totals when the per-link counters were read
     nvlink_errors: dict[int, tuple[int | None, ...]] = field(default_factory=dict)  # link -> its counters
     nvlink_errors_mono: float = 0.0  # when the per-link counters were read
+    nvlink_unsupported: set[str] = field(default_factory=set)  # NVLINK_ERROR_COUNTERS keys NVML does not support
 
 
 class NvLinkRead:
@@ -1044,11 +1045,16 @@ class GpuSensor:
                         rates[link] = ((tx_kib - prev[0]) * 1024 / dt, (rx_kib - prev[1]) * 1024 / dt)
                 if with_totals:
                     total_fields = fields[count : count + len(FIELD_NVLINK_ERROR_TOTALS)]
-                    if all(f[5] == NVML_SUCCESS for f in total_fields):
-                        totals = tuple(_unpacked_int(f) for f in total_fields)
-                    elif any(f[5] == NVML_ERROR_NOT_SUPPORTED for f in total_fields):
+                    codes = [f[5] for f in total_fields]
+                    if all(c == NVML_ERROR_NOT_SUPPORTED for c in codes):
                         # an older driver: every link's counters are read every interval, as before
                         gpu.unsupported.add("nvlink_error_totals")
+                    elif all(
+                        c == NVML_SUCCESS or (c == NVML_ERROR_NOT_SUPPORTED and key in slow.nvlink_unsupported)
+                        for c, (key, _) in zip(codes, NVLINK_ERROR_COUNTERS, strict=True)
+                    ):
+                        # a total stands for its counter only; an unsupported counter's total is None
+                        totals = tuple(_unpacked_int(f) if f[5] == NVML_SUCCESS else None for f in total_fields)
         errors_read = "nvlink_errors" not in gpu.unsupported
         now_mono = time.monotonic()
         cached = slow.nvlink_errors
@@ -1068,22 +1074,29 @@ class GpuSensor:
                 errors = cached[link]
             elif errors_read:
                 read: list[int | None] = []
-                for _, args, buffer in counters:
+                for key, args, buffer in counters:
+                    if key in slow.nvlink_unsupported:
+                        read.append(None)
+                        continue
                     rc = error_fn(*args)
                     if rc == NVML_SUCCESS:
                         read.append(int(buffer.value))
                         continue
                     read.append(None)
-                    complete = False
                     if rc in GONE:
                         self._lose(gpu, "nvlink_errors", rc)
                         slow.nvlink_totals = None
                         return []
                     elif rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
-                        self._unsupported(gpu, "nvlink_errors", "nvmlDeviceGetNvLinkErrorCounter", rc)
-                        errors_read = False
-                        break
+                        # that counter only (nvml.h: the DL counters are unsupported on Blackwell and newer);
+                        # the others are kept. A counter no link has is left out for good, logged once.
+                        slow.nvlink_unsupported.add(key)
+                        self._unsupported(gpu, f"nvlink {key}", "nvmlDeviceGetNvLinkErrorCounter", rc)
+                        if len(slow.nvlink_unsupported) == len(NVLINK_ERROR_COUNTERS):
+                            gpu.unsupported.add("nvlink_errors")
+                            errors_read = False
                     else:
+                        complete = False
                         self._error(gpu, "nvlink_errors", rc)
                 errors = tuple(read)
                 previous = cached.get(link)

@@ -130,6 +130,7 @@ typedef struct sim_gpu {
     int ecc_supported;
     int virt; /* nvmlGpuVirtualizationMode_t */
     unsigned nvlink_links, mig_instances;
+    unsigned nvlink_unsupported; /* bit c: nvmlNvLinkErrorCounter_t c answers NOT_SUPPORTED (and its total field) */
     int row_remapping; /* -1: absent from sim.conf (older gpuprobe), derived from the architecture */
     /* event history */
     char events_path[4096];
@@ -223,7 +224,8 @@ static void set_param(sim_gpu *g, const char *key, const char *v) {
     DBL(uncore_power_share, "uncore_power_share") DBL(voltage_floor, "voltage_floor")
     DBL(voltage_knee, "voltage_knee") DBL(voltage_exponent, "voltage_exponent")
     INT(virt, "virt")
-    UINT(nvlink_links, "nvlink_links") UINT(mig_instances, "mig_instances") INT(row_remapping, "row_remapping")
+    UINT(nvlink_links, "nvlink_links") UINT(mig_instances, "mig_instances")
+    UINT(nvlink_unsupported, "nvlink_unsupported_counters") INT(row_remapping, "row_remapping")
     /* unknown keys (the profile's own name, ...) are ignored */
 #undef STR
 #undef UINT
@@ -1339,6 +1341,9 @@ static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
         /* NVLINK_CRC_FLIT / CRC_DATA / REPLAY / RECOVERY_ERROR_COUNT_TOTAL: the sums over the links of what
          * nvmlDeviceGetNvLinkErrorCounter answers (CRC flit and replay move together, the others stay 0) */
         if (!g->nvlink_links) return NVML_ERROR_NOT_SUPPORTED;
+        /* the counter each total sums: 52 DL_REPLAY (0), 59 DL_RECOVERY (1), 38 DL_CRC_FLIT (2), 45 DL_CRC_DATA (3) */
+        unsigned counter = f->fieldId == 52 ? 0 : f->fieldId == 59 ? 1 : f->fieldId == 38 ? 2 : 3;
+        if (g->nvlink_unsupported >> counter & 1) return NVML_ERROR_NOT_SUPPORTED;
         unsigned long long total = 0;
         for (unsigned l = 0; l < g->nvlink_links; l++)
             total += f->fieldId == 38 ? g->nvlink_crc_flit[l] : f->fieldId == 52 ? g->nvlink_replay[l] : 0;
@@ -1555,6 +1560,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t dev, unsigned i
     BEGIN(dev) NEED(value)
     if (!g->nvlink_links) FAIL(NVML_ERROR_NOT_SUPPORTED);
     if (link >= g->nvlink_links) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    if (counter >= 0 && counter < 5 && (g->nvlink_unsupported >> counter & 1)) FAIL(NVML_ERROR_NOT_SUPPORTED);
     switch (counter) {
     case 0: *value = g->nvlink_replay[link]; break;   /* DL_REPLAY */
     case 1: *value = 0; break;                         /* DL_RECOVERY: no link retraining simulated */
