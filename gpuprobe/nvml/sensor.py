@@ -1252,19 +1252,50 @@ class GpuSensor:
     def open_events(self, event_types: int) -> EventSource | None:
         """An NVML event set with ``event_types`` (a mask) registered on every known GPU, as far as
         each supports them; None when no GPU supports any of them (or NVML has no event sets)."""
+        mig = {g.index for g in self._gpus if g.info.mig_enabled}
+        # not registered: a GPU lost now (its outage is seen by the sampler: LOST / RECOVERED)
+        source = EventSource([g for g in self._gpus if g.known and not g.lost], event_types, mig, self._lost_retry_s)
+        return source if source.open() else None
+
+
+class EventSource:
+    """An NVML event set over some GPUs; :meth:`wait` runs in the events thread (NVML is thread safe).
+
+    A wait may answer GPU_IS_LOST (or another :data:`GONE` code) for the whole set when one registered
+    GPU is lost (nvml.h, ``nvmlEventSetWait_v2``), and NVML cannot unregister a GPU: the set is then made
+    again without the GPUs that no longer answer, so the others keep their XID and ECC events, and with
+    them again once they answer (looked at once per ``retry_s``). A new set receives only events that
+    happen after it is made, as any set does.
+    """
+
+    def __init__(self, gpus: list[_Gpu], event_types: int, mig_gpus: set[int], retry_s: float = 1.0) -> None:
+        self._candidates = gpus
+        self._types = event_types
+        self._mig_gpus = mig_gpus
+        self._retry_s = retry_s
+        self._set: Any = None
+        self._handles: dict[int, int] = {}  # device handle address -> index
+        self._out: dict[int, _Gpu] = {}  # index -> a GPU taken out of the set while it does not answer
+        self._retry_at = 0.0
+        self.gpus: list[int] = []
+        self._logged: set[int] = set()
+
+    def open(self) -> bool:
+        """Makes the set; False when NVML has none or no GPU supports any of the types."""
         try:
             event_set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as e:
             log.info("NVML events are not available (%s): no XID or ECC events", e)
-            return None
+            return False
         handles: dict[int, int] = {}
-        for gpu in self._gpus:
-            if not gpu.known or gpu.lost:
-                continue  # not registered: its outage is seen by the sampler (LOST / RECOVERED)
+        for gpu in self._candidates:
+            if gpu.index in self._out:
+                continue
             try:
-                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(gpu.handle)) & event_types
+                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(gpu.handle)) & self._types
             except pynvml.NVMLError as e:
-                log.info("%s: NVML events are not supported (%s)", gpu.label, e)
+                if not self._out:  # said once, when the set is first made
+                    log.info("%s: NVML events are not supported (%s)", gpu.label, e)
                 continue
             registered = 0
             for bit in (1 << b for b in range(64) if supported >> b & 1):
@@ -1276,30 +1307,61 @@ class GpuSensor:
             if registered:
                 handles[_address(gpu.handle)] = gpu.index
                 log.info("%s: NVML events 0x%x registered", gpu.label, registered)
-        if not handles:
+        if not handles and not self._out:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlEventSetFree(event_set)
-            return None
-        mig = {g.index for g in self._gpus if g.info.mig_enabled}
-        return EventSource(event_set, handles, mig)
-
-
-class EventSource:
-    """An NVML event set; :meth:`wait` runs in the events thread (NVML is thread safe)."""
-
-    def __init__(self, event_set: Any, handles: dict[int, int], mig_gpus: set[int]) -> None:
-        self._set = event_set
-        self._handles = handles  # device handle address -> index
-        self._mig_gpus = mig_gpus
+            return False
+        self._set, self._handles = event_set, handles
         self.gpus = sorted(handles.values())
-        self._logged: set[int] = set()
+        return True
+
+    def _remake(self) -> None:
+        """The set again, over the GPUs that answer (the others are taken out until they do)."""
+        taken: list[tuple[_Gpu, int]] = []
+        back: list[_Gpu] = []
+        for gpu in self._candidates:
+            try:
+                pynvml.nvmlDeviceGetSupportedEventTypes(gpu.handle)
+            except pynvml.NVMLError as e:
+                if int(e.value) in GONE and gpu.index not in self._out:
+                    self._out[gpu.index] = gpu
+                    taken.append((gpu, int(e.value)))
+                continue
+            if self._out.pop(gpu.index, None) is not None:
+                back.append(gpu)
+        self.close()
+        self._handles = {}
+        self.open()
+        self._retry_at = time.monotonic() + self._retry_s
+        others = ", ".join(str(i) for i in self.gpus) or "none"
+        for gpu, code in taken:  # said once the new set is registered: events from here on reach it
+            log.warning(
+                "%s is taken out of the NVML event set (it answers %s); the events of GPUs %s go on",
+                gpu.label,
+                GONE[code][0],
+                others,
+            )
+        for gpu in back:
+            log.warning("%s answers again: its NVML events are registered again", gpu.label)
 
     def wait(self, timeout_ms: int) -> RawEvent | None:
         """The next event, or None when none came within ``timeout_ms`` (or the wait failed)."""
+        if self._out and time.monotonic() >= self._retry_at:
+            self._retry_at = time.monotonic() + self._retry_s
+            if any(_answers(gpu.handle) for gpu in self._out.values()):
+                self._remake()  # a GPU taken out answers again: the set over all of them
+        if self._set is None:
+            time.sleep(timeout_ms / 1000)  # every GPU is out: nothing to wait on until one answers
+            return None
         try:
             data = pynvml.nvmlEventSetWait_v2(self._set, timeout_ms)
         except pynvml.NVMLError as e:
             code = int(e.value)
+            if code in GONE:
+                out = set(self._out)
+                self._remake()
+                if set(self._out) != out:
+                    return None  # the lost GPU is out: wait on the others at once
             if code != NVML_ERROR_TIMEOUT:
                 if code not in self._logged:
                     self._logged.add(code)
@@ -1318,8 +1380,18 @@ class EventSource:
         )
 
     def close(self) -> None:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlEventSetFree(self._set)
+        if self._set is not None:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlEventSetFree(self._set)
+            self._set = None
+
+
+def _answers(handle: Any) -> bool:
+    try:
+        pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+    except pynvml.NVMLError:
+        return False
+    return True
 
 
 def _address(handle: Any) -> int:

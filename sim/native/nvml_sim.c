@@ -1653,10 +1653,10 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long lon
 
 /* The next event for the set, or 0. Events in the history apply at the first tick boundary at or after their
  * time (like every input), so the set delivers those up to the present tick: g->next_event. */
-static int next_event_for(struct sim_event_set *set, nvmlEventData_t *out) {
-    for (unsigned i = 0; i < g_gpu_count; i++) {
+static int next_event_of(struct sim_event_set *set, unsigned i, nvmlEventData_t *out) {
+    {
         sim_event_reg *r = &set->regs[i];
-        if (!r->mask) continue;
+        if (!r->mask) return 0;
         sim_gpu *g = &g_gpus[i];
         while (r->cursor < g->next_event) {
             const sim_event *e = &g->events[r->cursor++];
@@ -1687,6 +1687,21 @@ static int next_event_for(struct sim_event_set *set, nvmlEventData_t *out) {
             }
         }
     }
+    return 0;
+}
+
+/* The next event for the set, or 0; or, while a registered GPU is failed, that GPU's own queued events (an
+ * XID 79 comes before the loss) and then its failure code (> 1: nvml.h's GPU_IS_LOST, or the other code
+ * `sim fail --answer` gave) in place of any other GPU's event: one lost GPU spoils the whole wait, as
+ * nvml.h's nvmlEventSetWait_v2 allows, so a reader must take it out of the set to hear the others. */
+static int next_event_for(struct sim_event_set *set, nvmlEventData_t *out) {
+    for (unsigned i = 0; i < g_gpu_count; i++) {
+        if (!set->regs[i].mask || !g_gpus[i].failed) continue;
+        if (next_event_of(set, i, out)) return 1;
+        return g_gpus[i].failed;
+    }
+    for (unsigned i = 0; i < g_gpu_count; i++)
+        if (next_event_of(set, i, out)) return 1;
     return 0;
 }
 
@@ -1761,10 +1776,11 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
         if (set->inotify_fd >= 0 && drain_watch(set) && set->unread_tick < 0) set->unread_tick = tick + 1;
         if (tick >= set->check_tick || set->inotify_fd < 0) {
             refresh();
-            if (next_event_for(set, data)) {
+            int found = next_event_for(set, data);
+            if (found) {
                 set->check_tick = 0; /* more may be queued: the next wait looks at once */
                 pthread_mutex_unlock(&g_lock);
-                return NVML_SUCCESS;
+                return found == 1 ? NVML_SUCCESS : found;
             }
             /* every history line written before this tick began is in memory now */
             if (set->unread_tick >= 0 && g_tick >= set->unread_tick) set->unread_tick = -1;

@@ -373,3 +373,36 @@ def test_an_unsupported_nvlink_counter_is_left_out_alone_and_the_others_are_kept
     assert log.count("nvlink crc_data_errors is not supported") == 1, "logged once"
     assert "nvlink replay_errors is not supported" not in log
     assert sum(b.stats.read_errors for b in batches.values()) == 0, "an unsupported counter is no read error"
+
+
+def test_a_lost_gpu_is_taken_out_of_the_event_set_and_the_others_keep_their_events(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    """nvml.h: nvmlEventSetWait_v2 may answer GPU_IS_LOST, and the simulator does so while a registered GPU
+    is lost. The agent makes its set again without that GPU, so the other GPUs' XID and ECC events still
+    arrive, and registers the GPU again once it answers."""
+    sim = machine(tmp_path / "sim", ["A100-SXM4-80GB"] * 3)
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    agent.wait_for_log(r"GPU 2 .*NVML events 0x[0-9a-f]+ registered")
+    state.set_failed(sim.state_dir, 1, True)
+    agent.wait_for_log(r"GPU 1 .* is taken out of the NVML event set \(it answers GPU_IS_LOST\)")
+    state.inject_xid(sim.state_dir, 0, 13)
+    state.inject_ecc(sim.state_dir, 2, double_bit=False)
+
+    def events(batches: dict[int, telemetry_pb2.SampleBatch]) -> list[tuple[int, int, int]]:
+        return [(e.gpu_index, e.kind, e.data) for b in batches.values() for e in b.gpu_events]
+
+    single = telemetry_pb2.GPU_EVENT_KIND_ECC_SINGLE_BIT
+    wait_for_batches(
+        receiver,
+        lambda b: (0, XID, 13) in events(b) and any(e[:2] == (2, single) for e in events(b)),
+        "GPU 0's XID and GPU 2's ECC event while GPU 1 is lost",
+        agent=agent,
+    )
+    state.set_failed(sim.state_dir, 1, False)
+    agent.wait_for_log(r"GPU 1 .* answers again: its NVML events are registered again")
+    state.inject_xid(sim.state_dir, 1, 31)
+    wait_for_batches(receiver, lambda b: (1, XID, 31) in events(b), "GPU 1's XID once it answers", agent=agent)
+    assert agent.terminate() == 0
+    assert agent.log().count("is taken out of the NVML event set") == 1
