@@ -18,6 +18,7 @@ from gpuprobe.errors import ServiceError
 # nvml.h's nvmlReturn_t values the sensor tells apart
 NVML_SUCCESS = 0
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_NOT_FOUND = 6

@@ -73,8 +73,11 @@ here too, so that NVML stays behind one boundary. ``GpuInfo.mig_enabled`` and
 
 Errors are translated here, once:
 
-- ``NOT_SUPPORTED`` (or a missing function): the field is absent from every later sample of that GPU
-  (never a fake zero) and the fact is logged once per GPU and field.
+- ``NOT_SUPPORTED`` (or a missing function), and ``NO_PERMISSION`` (nvml.h: a MIG-enabled GPU's memory
+  and process lists for an unprivileged caller; its MIG instances' memory is read instead): the field is
+  absent from every later sample of that GPU (never a fake zero), dropped from the hot path (also when
+  it stops being possible later, as when MIG is switched on), not counted as a read error, and the
+  fact is logged once per GPU and field.
 - ``GPU_IS_LOST``, and the other answers after which a GPU gives nothing (``RESET_REQUIRED``,
   ``DRIVER_NOT_LOADED``, ``LIB_RM_VERSION_MISMATCH``, ``UNKNOWN``: :data:`~gpuprobe.nvml.errors.GONE`):
   the GPU yields no samples, is counted once as a read error and is logged as lost (and :attr:`GpuSensor.on_lost`
@@ -106,6 +109,7 @@ from gpuprobe.nvml.errors import (
     GONE,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_NO_PERMISSION,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_TIMEOUT,
@@ -120,6 +124,11 @@ from gpuprobe.v1 import common_pb2
 log = logging.getLogger(__name__)
 
 Sample = dict[str, Any]  # keyword arguments of gpuprobe.v1.GpuSample
+
+# Answers after which a read is left out of that GPU's samples from then on, logged once and never counted:
+# the read is not supported, its function is missing, or the agent may not make it (nvml.h: a MIG-enabled
+# GPU's memory and process lists for an unprivileged caller; the MIG instances' own memory is read instead)
+LEFT_OUT = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NO_PERMISSION})
 
 FIELD_MEMORY_TEMP = 82
 FIELD_TOTAL_ENERGY_CONSUMPTION = 83
@@ -681,6 +690,16 @@ class GpuSensor:
         gpu.unsupported.add(key)
         if key == "power_limit_w" and not gpu.limit_fallback:
             return  # the enforced power limit is tried instead
+        if code == NVML_ERROR_NO_PERMISSION:
+            log.warning(
+                "%s: %s may not be read by this user (%s: %s; on a MIG-enabled GPU the MIG instances' memory "
+                "is read instead); it is left out",
+                gpu.label,
+                key,
+                what,
+                error_name(code),
+            )
+            return
         log.info("%s: %s is not supported (%s: %s); the field is left out", gpu.label, key, what, error_name(code))
 
     def _lose(self, gpu: _Gpu, what: str, code: int = NVML_ERROR_GPU_IS_LOST) -> None:
@@ -784,7 +803,7 @@ class GpuSensor:
                     elif frc in GONE:
                         self._lose(gpu, f"field {spec.field_id}", frc)
                         return None
-                    elif frc == NVML_ERROR_NOT_SUPPORTED and probing:
+                    elif frc in LEFT_OUT:
                         self._unsupported(gpu, spec.key, f"NVML field {spec.field_id}", frc)
                     else:
                         self._error(gpu, spec.key, frc)
@@ -795,10 +814,17 @@ class GpuSensor:
             elif rc in GONE:
                 self._lose(gpu, call.key, rc)
                 return None
-            elif probing and rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+            elif rc in LEFT_OUT:
                 self._unsupported(gpu, call.key, "NVML", rc)
             else:
                 self._error(gpu, call.key, rc)
+        if not probing and (
+            any(s.key in gpu.unsupported for s in gpu.fields) or any(c.key in gpu.unsupported for c in gpu.calls)
+        ):
+            # a read that stopped being possible (MIG switched on, say): out of the hot path, as at the probe
+            self._set_fields(gpu, [s for s in gpu.fields if s.key not in gpu.unsupported])
+            gpu.calls = [c for c in gpu.calls if c.key not in gpu.unsupported]
+            self._compile_fast(gpu)
         if gpu.lost:
             gpu.lost = False
             log.warning("%s answers again; sampling it resumes", gpu.label)
@@ -817,11 +843,11 @@ class GpuSensor:
             elif rc in GONE:
                 self._lose(gpu, call.key, rc)
                 return
-            elif probing and rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+            elif rc in LEFT_OUT:
                 self._unsupported(gpu, call.key, "NVML", rc)
             else:
                 self._error(gpu, call.key, rc)
-        if probing:
+        if probing or any(c.key in gpu.unsupported for c in gpu.pcie_calls):
             gpu.pcie_calls = [c for c in gpu.pcie_calls if c.key not in gpu.unsupported]
 
     # ------------------------------------------------------------------ the health interval (slow reads)
@@ -839,7 +865,7 @@ class GpuSensor:
             return function(*args)
         except pynvml.NVMLError as e:
             code = int(e.value)
-            if code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+            if code in LEFT_OUT:
                 self._unsupported(gpu, key, getattr(function, "__name__", "NVML"), code)
             elif code in GONE:
                 self._lose(gpu, key, code)

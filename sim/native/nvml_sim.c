@@ -712,6 +712,12 @@ static void mig_uuid(const sim_mig *m, char *out, size_t len) {
 #define FAIL(code) do { rc_ = (code); goto done_; } while (0)
 #define DONE done_: pthread_mutex_unlock(&g_lock); return rc_;
 #define NEED(ptr) if (!(ptr)) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+/* nvml.h on a MIG-enabled GPU's own handle (docs/simulator.md, "MIG"): the aggregate reads that need
+ * privileges answer NO_PERMISSION to a caller outside sim.conf's admin_uids, and the reads that MIG does
+ * not support answer NOT_SUPPORTED */
+static int privileged(void);
+#define MIG_NEEDS_PRIVILEGE if (g->mig_instances && !privileged()) FAIL(NVML_ERROR_NO_PERMISSION);
+#define MIG_UNSUPPORTED if (g->mig_instances) FAIL(NVML_ERROR_NOT_SUPPORTED);
 /* A MIG call on a MIG handle: locks, checks the parent GPU; the body runs with m set. */
 #define BEGIN_MIG(dev)                                  \
     sim_mig *m = mig_of(dev);                           \
@@ -1020,7 +1026,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m) {
         if (rc == NVML_SUCCESS) { m->total = total; m->used = reserved; m->free = total - reserved; }
         return rc;
     }
-    BEGIN(dev) NEED(m)
+    BEGIN(dev) NEED(m) MIG_NEEDS_PRIVILEGE
     m->total = g->memory_total_bytes;
     m->used = mem_used_bytes(g);
     m->free = m->total - m->used;
@@ -1037,6 +1043,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t
     }
     BEGIN(dev) NEED(m)
     if (m->version != NVML_MEMORY_V2) FAIL(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    MIG_NEEDS_PRIVILEGE
     m->total = g->memory_total_bytes;
     m->reserved = g->memory_reserved_bytes;
     m->used = mem_used_bytes(g) - g->memory_reserved_bytes;
@@ -1054,16 +1061,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t dev, nvmlBAR1Memory
 
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
-    BEGIN(dev) NEED(u)
+    BEGIN(dev) NEED(u) MIG_UNSUPPORTED
     u->gpu = g->hist[g->k % HISTORY].util;
     u->memory = g->hist[g->k % HISTORY].mem_util;
     DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us) {
-    BEGIN(dev) NEED(util) NEED(period_us) *util = 0; *period_us = 167000; DONE
+    BEGIN(dev) NEED(util) NEED(period_us) MIG_UNSUPPORTED *util = 0; *period_us = 167000; DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us) {
-    BEGIN(dev) NEED(util) NEED(period_us) *util = 0; *period_us = 167000; DONE
+    BEGIN(dev) NEED(util) NEED(period_us) MIG_UNSUPPORTED *util = 0; *period_us = 167000; DONE
 }
 
 /* ---------------------------------------------------------------- power and energy */
@@ -1254,13 +1261,13 @@ static nvmlReturn_t fill_processes(sim_gpu *g, unsigned int *count, void *infos,
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) rc_ = fill_processes(g, count, infos, 24, 0); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 24, 0); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) rc_ = fill_processes(g, count, infos, 24, 0); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 24, 0); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) rc_ = fill_processes(g, count, infos, 16, 1); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 16, 1); DONE
 }
 static nvmlReturn_t no_processes(unsigned int *count) {
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1268,16 +1275,16 @@ static nvmlReturn_t no_processes(unsigned int *count) {
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE (void)infos; rc_ = no_processes(count); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE (void)infos; rc_ = no_processes(count); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE (void)infos; rc_ = no_processes(count); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE (void)infos; rc_ = no_processes(count); DONE
 }
 
 typedef struct {
@@ -1288,7 +1295,7 @@ typedef struct {
 
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *s,
                                                     unsigned int *count, unsigned long long last_seen_us) {
-    BEGIN(dev) NEED(count)
+    BEGIN(dev) NEED(count) MIG_UNSUPPORTED
     const sim_hist *h = &g->hist[g->k % HISTORY];
     if (!holder_alive(g) || (unsigned long long)h->t_us <= last_seen_us) FAIL(NVML_ERROR_NOT_FOUND);
     if (!s || *count < 1) { *count = 1; FAIL(NVML_ERROR_INSUFFICIENT_SIZE); }
@@ -1418,6 +1425,8 @@ static int sample_value(const sim_hist *h, int type, unsigned *v) {
 EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t dev, int type, unsigned long long last_seen_us,
                                          int *value_type, unsigned int *count, nvmlSample_t *samples) {
     BEGIN(dev) NEED(value_type) NEED(count)
+    /* GPU, memory, encoder and decoder utilization samples (1-4): not on MIG */
+    if (g->mig_instances && type >= 1 && type <= 4) FAIL(NVML_ERROR_NOT_SUPPORTED);
     unsigned dummy;
     if (!sample_value(&g->hist[0], type, &dummy)) FAIL(NVML_ERROR_NOT_SUPPORTED);
     *value_type = VT_UINT;
@@ -1496,7 +1505,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, int
 }
 EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int *corr, unsigned int *unc,
                                               unsigned int *pending, unsigned int *failure) {
-    BEGIN(dev) NEED(corr) NEED(unc) NEED(pending) NEED(failure)
+    BEGIN(dev) NEED(corr) NEED(unc) NEED(pending) NEED(failure) MIG_UNSUPPORTED
     if (!g->ecc_supported || !g->row_remapping) FAIL(NVML_ERROR_NOT_SUPPORTED);
     *corr = g->remap_corr_rows;
     *unc = g->remap_unc_rows;
