@@ -303,7 +303,7 @@ class _SlowState:
     process_seen_us: int = 0  # the newest process utilization sample's timestamp
     nvlink_calls: _NvLinkCalls | None = None
     nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, then the error totals
-    nvlink_totals: tuple[int, ...] | None = None  # the error totals when the per-link counters were read
+    nvlink_totals: tuple[int | None, ...] | None = None  # the error totals when the links were read (None: unsupported)
     nvlink_errors: dict[int, tuple[int | None, ...]] = field(default_factory=dict)  # link -> its counters
     nvlink_errors_mono: float = 0.0  # when the per-link counters were read
     nvlink_unsupported: set[str] = field(default_factory=set)  # NVLINK_ERROR_COUNTERS keys NVML does not support
@@ -1040,7 +1040,7 @@ class GpuSensor:
         t_ns = sample["time_unix_ns"]
         out: list[NvLinkRead] = []
         rates: dict[int, tuple[float, float]] = {}
-        totals: tuple[int, ...] | None = None
+        totals: tuple[int | None, ...] | None = None
         if "nvlink_throughput" not in gpu.unsupported:
             array = slow.nvlink_fields
             count = len(per_link) * 2
