@@ -170,6 +170,10 @@ ARCHITECTURES = {
     8: "ada",
     9: "hopper",
     10: "blackwell",
+    11: "dla",
+    12: "dla2",
+    13: "rubin",
+    15: "npu3",
 }
 
 VIRTUALIZATION_MODES: dict[int, common_pb2.Virtualization] = {

@@ -14,7 +14,11 @@ constant that drifts from NVIDIA's shows here as a difference of sizes, offsets 
   ``struct.Struct`` of ``nvmlFieldValue_t``;
 - version words the simulator demands and the agent (through pynvml) supplies;
 - constants: return codes, field ids, event and clock-event bits, GPM metric ids, value types,
-  architectures and the other enumerations the simulator, the agent and its neighbours use.
+  architectures and the other enumerations the simulator, the agent and its neighbours use;
+- the sensor's direct calls: every C function it fetches by name is in :data:`AGENT_CALLS`, whose
+  argument kinds (the ctypes values it builds) must fit nvml.h's parameters.
+
+The same comparisons as NVIDIA-header ABI checks run by hand, in about 2 s, on every ``make test``.
 """
 
 from __future__ import annotations
@@ -766,4 +770,80 @@ def test_python_constants_match_nvml_h(abi: Abi) -> None:
             continue  # pynvml's bound on one request's metrics, not nvml.h's metric id range
         if f"V:{name}" in abi.header_facts and getattr(pynvml, name) != abi.header_value(name):
             problems.append(f"pynvml.{name} = {getattr(pynvml, name)} vs nvml.h {abi.header_value(name)}")
+    assert not problems, "\n".join(problems)
+
+
+# The sensor's direct calls (C functions fetched by name and called with ctypes arguments it builds, on the hot
+# path and the health reads): the arguments it passes. h: a pynvml device handle; pyint: a Python int (ctypes
+# passes a C int); c_uint / c_int: by value; &c_uint / &c_ulonglong: byref of one; &S: byref (or an array) of
+# pynvml's layout of nvml.h's S; gpm: a pynvml nvmlGpmSample_t.
+AGENT_CALLS: dict[str, list[str]] = {
+    "nvmlDeviceGetUtilizationRates": ["h", "&nvmlUtilization_t"],
+    "nvmlDeviceGetMemoryInfo_v2": ["h", "&nvmlMemory_v2_t"],
+    "nvmlDeviceGetMemoryInfo": ["h", "&nvmlMemory_t"],
+    "nvmlDeviceGetPowerUsage": ["h", "&c_uint"],
+    "nvmlDeviceGetTemperatureV": ["h", "&nvmlTemperature_t"],
+    "nvmlDeviceGetTemperature": ["h", "pyint", "&c_uint"],
+    "nvmlDeviceGetFanSpeed_v2": ["h", "pyint", "&c_uint"],
+    "nvmlDeviceGetClockInfo": ["h", "pyint", "&c_uint"],
+    "nvmlDeviceGetCurrentClocksEventReasons": ["h", "&c_ulonglong"],
+    "nvmlDeviceGetCurrentClocksThrottleReasons": ["h", "&c_ulonglong"],
+    "nvmlDeviceGetEnforcedPowerLimit": ["h", "&c_uint"],
+    "nvmlDeviceGetPcieThroughput": ["h", "pyint", "&c_uint"],
+    "nvmlDeviceGetFieldValues": ["h", "pyint", "&nvmlFieldValue_t"],
+    "nvmlDeviceGetTotalEccErrors": ["h", "c_uint", "c_uint", "&c_ulonglong"],
+    "nvmlDeviceGetRemappedRows": ["h", "&c_uint", "&c_uint", "&c_uint", "&c_uint"],
+    "nvmlDeviceGetPcieReplayCounter": ["h", "&c_uint"],
+    "nvmlDeviceGetViolationStatus": ["h", "c_uint", "&nvmlViolationTime_t"],
+    "nvmlDeviceGetNvLinkState": ["h", "c_uint", "&c_uint"],
+    "nvmlDeviceGetNvLinkErrorCounter": ["h", "c_uint", "c_int", "&c_ulonglong"],
+    "nvmlGpmSampleGet": ["h", "gpm"],
+    "nvmlGpmMetricsGet": ["&nvmlGpmMetricsGet_t"],
+    "nvmlDeviceGetFanSpeedRPM": ["h", "&nvmlFanSpeedInfo_t"],
+}
+INT_BY_VALUE = {"pyint": 4, "c_uint": 4, "c_int": 4}  # bytes
+INT_BY_REFERENCE = {"&c_uint": 4, "&c_ulonglong": 8}
+
+
+def _aliases_of(name: str, header_text: str) -> set[str]:
+    """A typedef name and the names it is an alias of, or that alias it (nvmlTemperature_t, ..._v1_t)."""
+    pairs = re.findall(r"\btypedef\s+(\w+)\s+(\w+)\s*;", _clean(header_text))
+    names = {name}
+    for a, b in pairs * 2:
+        if a in names or b in names:
+            names |= {a, b}
+    return names
+
+
+def test_the_sensors_direct_calls_pass_what_nvml_h_declares(abi: Abi) -> None:
+    """Every C function the sensor fetches by name is in AGENT_CALLS (so a new one gets checked), and each
+    argument it builds has the kind and width of nvml.h's parameter."""
+    called = set(re.findall(r'"(nvml[A-Z]\w*)"', (NVML_PACKAGE / "sensor.py").read_text()))
+    new, gone = sorted(called - set(AGENT_CALLS)), sorted(set(AGENT_CALLS) - called)
+    assert not new and not gone, f"not in AGENT_CALLS: {new}; in it but no longer called: {gone}"
+    problems = []
+    for fn, kinds in AGENT_CALLS.items():
+        if fn not in abi.header_protos or f"P:{fn}:0" not in abi.header_facts:
+            problems.append(f"{fn}: not both declared in nvml.h and exported by the simulator")
+            continue
+        params = abi.header_protos[fn][1]
+        if len(params) != len(kinds):
+            problems.append(f"{fn}: the sensor passes {len(kinds)} arguments, nvml.h declares {len(params)}")
+            continue
+        for i, (kind, param) in enumerate(zip(kinds, params, strict=True), start=1):
+            h_class, h_size = map(int, abi.header_facts[f"P:{fn}:{i}"])
+            pointee = _pointee(param)
+            if kind == "h":
+                ok = param.strip() == "nvmlDevice_t"
+            elif kind == "gpm":
+                ok = param.strip() == "nvmlGpmSample_t"
+            elif kind in INT_BY_VALUE:
+                ok = h_class in INTLIKE and h_size == INT_BY_VALUE[kind]
+            elif kind in INT_BY_REFERENCE:
+                q_class, q_size = map(int, abi.header_facts.get(f"Q:{fn}:{i}", ["0", "0"]))
+                ok = pointee is not None and q_class in INTLIKE and q_size == INT_BY_REFERENCE[kind]
+            else:
+                ok = pointee is not None and pointee in _aliases_of(kind[1:], abi.header_text)
+            if not ok:
+                problems.append(f"{fn} argument {i}: the sensor passes {kind}, nvml.h declares {param!r}")
     assert not problems, "\n".join(problems)
