@@ -393,6 +393,7 @@ class _Gpu:
     calls: list[_Call] = field(default_factory=list)
     pcie_calls: list[_Call] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)
+    denied: set[str] = field(default_factory=set)  # the unsupported keys NVML answered NO_PERMISSION for
     logged_errors: set[tuple[str, int]] = field(default_factory=set)
     limit_fallback: bool = False  # field 190 is missing: read the enforced power limit instead
     fast: Callable[[int], Sample | None] | None = None  # the straight-line reader (None while probing)
@@ -695,6 +696,7 @@ class GpuSensor:
         if key == "power_limit_w" and not gpu.limit_fallback:
             return  # the enforced power limit is tried instead
         if code == NVML_ERROR_NO_PERMISSION:
+            gpu.denied.add(key)
             log.warning(
                 "%s: %s may not be read by this user (%s: %s; on a MIG-enabled GPU the MIG instances' memory "
                 "is read instead); it is left out",
@@ -1253,9 +1255,28 @@ class GpuSensor:
         if gpu is None or gpu.lost or not gpu.known:
             return None
         procs = self._slow_call(gpu, "processes", pynvml.nvmlDeviceGetComputeRunningProcesses, gpu.handle)
+        if procs is None and "processes" in gpu.denied and gpu.info.mig_enabled:
+            procs = self._mig_processes(gpu)  # the whole GPU's list needs privileges, each instance's does not
         if procs is None:
             return None
         return [ProcessRead(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs]
+
+    def _mig_processes(self, gpu: _Gpu) -> list[Any] | None:
+        """The compute processes of every MIG instance of ``gpu``; None when NVML lists none of them."""
+        count = self._slow_call(gpu, "mig", pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)
+        procs: list[Any] = []
+        listed = False
+        for i in range(int(count or 0)):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, i)
+                procs.extend(pynvml.nvmlDeviceGetComputeRunningProcesses(mig))
+                listed = True
+            except pynvml.NVMLError as e:
+                if int(e.value) in GONE:
+                    self._lose(gpu, "mig processes", int(e.value))
+                    return None
+                continue  # NOT_FOUND: no MIG device in this slot
+        return procs if listed else None
 
     def read_process_utilization(self, index: int) -> dict[int, tuple[float, float]]:
         """pid -> (SM %, memory %) over the samples NVML took since the last call (mean per pid)."""

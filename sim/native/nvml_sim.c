@@ -1237,7 +1237,10 @@ static int holder_alive(const sim_gpu *g) {
     return kill((pid_t)g->holder_pid, 0) == 0 || errno == EPERM;
 }
 
-static nvmlReturn_t fill_processes(sim_gpu *g, unsigned int *count, void *infos, size_t stride, int v1) {
+#define NO_INSTANCE 0xFFFFFFFFu /* a process not in a MIG instance */
+/* The GPU's process list into nvml.h's records of `stride` bytes (v1: no MIG ids); `gi`: the GPU instance
+ * the processes are in (NO_INSTANCE on a GPU without MIG; their compute instance is then 0). */
+static nvmlReturn_t fill_processes(sim_gpu *g, unsigned int *count, void *infos, size_t stride, int v1, unsigned gi) {
     unsigned n = holder_alive(g) ? 1 : 0;
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     if (!infos || *count < n) {
@@ -1253,21 +1256,31 @@ static nvmlReturn_t fill_processes(sim_gpu *g, unsigned int *count, void *infos,
         memcpy(p, &pid, 4);
         memcpy(p + 8, &mem, 8);
         if (!v1) {
-            unsigned none = 0xFFFFFFFFu; /* not in a MIG instance */
-            memcpy(p + 16, &none, 4);
-            memcpy(p + 20, &none, 4);
+            unsigned ci = gi == NO_INSTANCE ? NO_INSTANCE : 0;
+            memcpy(p + 16, &gi, 4);
+            memcpy(p + 20, &ci, 4);
         }
     }
     return NVML_SUCCESS;
 }
+static nvmlReturn_t no_processes(unsigned int *count);
+/* A MIG instance's processes (no privileges needed, as nvml.h says): the GPU's holder runs in the first one. */
+static nvmlReturn_t mig_processes(nvmlDevice_t dev, unsigned int *count, void *infos, size_t stride, int v1) {
+    BEGIN_MIG(dev)
+    rc_ = m->index == 0 ? fill_processes(m->parent, count, infos, stride, v1, MIG_GI_IDS[0]) : no_processes(count);
+    DONE
+}
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 24, 0); DONE
+    if (mig_of(dev)) return mig_processes(dev, count, infos, 24, 0);
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 24, 0, NO_INSTANCE); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 24, 0); DONE
+    if (mig_of(dev)) return mig_processes(dev, count, infos, 24, 0);
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 24, 0, NO_INSTANCE); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 16, 1); DONE
+    if (mig_of(dev)) return mig_processes(dev, count, infos, 16, 1);
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 16, 1, NO_INSTANCE); DONE
 }
 static nvmlReturn_t no_processes(unsigned int *count) {
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;

@@ -6,6 +6,7 @@ import itertools
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_for_batches
@@ -13,7 +14,7 @@ from support import clean_env, gpuprobe_command, stays, wait_until
 
 from gpuprobe.sim import state
 from gpuprobe.sim.profiles import PROFILES, with_overrides
-from gpuprobe.sim.runner import open_machine
+from gpuprobe.sim.runner import SimMachine, open_machine
 from gpuprobe.v1 import telemetry_pb2
 
 
@@ -251,6 +252,18 @@ def test_an_unprivileged_agent_on_a_mig_h100_streams_10_hz_without_counting_erro
     health intervals a read counted per tick or per interval would show (the issue's 60 s show nothing more)."""
     h100 = with_overrides(PROFILES["H100-SXM5-80GB"], {"mig_instances": "2"})
     sim = open_machine(tmp_path / "sim", [h100], 0.1, admin_uids=(os.geteuid() + 1,))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _stream_unprivileged_mig(tmp_path, receiver, agent_factory, sim, holder.pid)
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+def _stream_unprivileged_mig(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory, sim: SimMachine, holder_pid: int
+) -> None:
+    state.set_load(sim.state_dir, 0, 50, holder_pid, 1 << 30)
     agent = agent_factory(sim, [receiver.address])
     agent.wait_for_log("streaming to collector")
     first = wait_for_batches(receiver, lambda got: got if got else {}, "the first batch", agent=agent)
@@ -275,4 +288,8 @@ def test_an_unprivileged_agent_on_a_mig_h100_streams_10_hz_without_counting_erro
     assert log.count("mem_used_bytes may not be read by this user") == 1, "logged once"
     assert log.count("util_pct is not supported") == 1
     assert log.count("remapped_rows is not supported") == 1
+    # the GPU's process list needs privileges; its MIG instances' lists do not
+    assert log.count("processes may not be read by this user") == 1
+    points = [p for b in batches.values() for p in b.process_samples if p.pid == holder_pid]
+    assert points and points[0].used_memory_bytes == 1 << 30, "the process, from its MIG instance's list"
     assert not re.search(r"reading \w+ failed", log), "no read failure logged"

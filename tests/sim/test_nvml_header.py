@@ -326,7 +326,7 @@ SIM_PROCESS_RECORDS = {
     "nvmlDeviceGetComputeRunningProcesses": "nvmlProcessInfo_v1_t",
 }
 # fill_processes' memcpy sources -> the record fields they fill, in the order written
-PROCESS_WRITES = {"pid": ["pid"], "mem": ["usedGpuMemory"], "none": ["gpuInstanceId", "computeInstanceId"]}
+PROCESS_WRITES = {"pid": ["pid"], "mem": ["usedGpuMemory"], "gi": ["gpuInstanceId"], "ci": ["computeInstanceId"]}
 # functions that take a record as void * and never write one (they always answer 0 entries)
 SIM_VOID_UNWRITTEN = (
     "nvmlDeviceGetGraphicsRunningProcesses_v3",
@@ -672,7 +672,7 @@ def test_process_records_written_through_void_pointer(abi: Abi) -> None:
     for offset, source in re.findall(r"memcpy\(p(?: \+ (\d+))?, &(\w+), \d+\)", body):
         writes.append((source, int(offset or 0)))
     for fn, record in SIM_PROCESS_RECORDS.items():
-        m = re.search(r"fill_processes\(g, count, infos, (\d+), ([01])\)", _function_body(abi.sim_text, fn))
+        m = re.search(r"fill_processes\(g, count, infos, (\d+), ([01]), NO_INSTANCE\)", _function_body(abi.sim_text, fn))
         assert m, fn
         stride, v1 = int(m.group(1)), m.group(2) == "1"
         layout = _layout(abi.header_facts, record)

@@ -559,6 +559,7 @@ def test_a_mig_gpu_answers_as_nvml_h_documents_privileged_or_not(sim: Sim, tmp_p
             remap=answer(lambda: N.nvmlDeviceGetRemappedRows(h)),
             process_util=answer(lambda: N.nvmlDeviceGetProcessUtilization(h, 0)),
             mig_mem=answer(lambda: N.nvmlDeviceGetMemoryInfo(mig)),
+            mig_processes=answer(lambda: N.nvmlDeviceGetComputeRunningProcesses(mig)),
             power=answer(lambda: N.nvmlDeviceGetPowerUsage(h)),
         ))
         """,
@@ -567,7 +568,7 @@ def test_a_mig_gpu_answers_as_nvml_h_documents_privileged_or_not(sim: Sim, tmp_p
     unprivileged = open_machine(tmp_path / "unprivileged", [h100], PERIOD_S, admin_uids=(os.geteuid() + 1,))
     denied, unsupported = pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_NOT_SUPPORTED
     mig_unsupported = dict.fromkeys(("util", "enc", "dec", "samples", "remap", "process_util"), unsupported)
-    readable = {"power_samples": 0, "mig_mem": 0, "power": 0}
+    readable = {"power_samples": 0, "mig_mem": 0, "mig_processes": 0, "power": 0}
     assert sim.run(unprivileged, snippet) == {
         **dict.fromkeys(("mem", "mem_v2", "compute", "graphics", "mps"), denied),
         **mig_unsupported,
