@@ -672,7 +672,8 @@ def test_process_records_written_through_void_pointer(abi: Abi) -> None:
     for offset, source in re.findall(r"memcpy\(p(?: \+ (\d+))?, &(\w+), \d+\)", body):
         writes.append((source, int(offset or 0)))
     for fn, record in SIM_PROCESS_RECORDS.items():
-        m = re.search(r"fill_processes\(g, count, infos, (\d+), ([01]), NO_INSTANCE\)", _function_body(abi.sim_text, fn))
+        body = _function_body(abi.sim_text, fn)
+        m = re.search(r"fill_processes\(g, count, infos, (\d+), ([01]), NO_INSTANCE\)", body)
         assert m, fn
         stride, v1 = int(m.group(1)), m.group(2) == "1"
         layout = _layout(abi.header_facts, record)
