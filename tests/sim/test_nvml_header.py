@@ -45,7 +45,7 @@ from gpuprobe.model import grafana_parts
 from gpuprobe.model import thermal as model_thermal
 from gpuprobe.nvml import errors as nvml_errors
 from gpuprobe.nvml import sensor
-from gpuprobe.sim import build, profiles
+from gpuprobe.sim import build, profiles, state
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_SOURCE = build.SOURCE
@@ -342,6 +342,10 @@ def _python_constants() -> list[tuple[str, Any, str]]:
     for name in dir(nvml_errors):
         if re.fullmatch(r"NVML_(SUCCESS|ERROR_\w+)", name):
             out.append((f"gpuprobe.nvml.errors.{name}", getattr(nvml_errors, name), name))
+    for code, (name, _) in nvml_errors.GONE.items():
+        out.append((f"gpuprobe.nvml.errors.GONE {name}", code, f"NVML_ERROR_{name}"))
+    for answer, code in state.FAIL_ANSWERS.items():  # the simulator's own copy (sim/ does not import nvml/)
+        out.append((f"sim.state.FAIL_ANSWERS {answer}", code, f"NVML_ERROR_{answer.upper()}"))
     for name, hname in (
         ("FIELD_MEMORY_TEMP", "NVML_FI_DEV_MEMORY_TEMP"),
         ("FIELD_TOTAL_ENERGY_CONSUMPTION", "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
