@@ -18,7 +18,7 @@ constant that drifts from NVIDIA's shows here as a difference of sizes, offsets 
 - the sensor's direct calls: every C function it fetches by name is in :data:`AGENT_CALLS`, whose
   argument kinds (the ctypes values it builds) must fit nvml.h's parameters.
 
-The same comparisons as NVIDIA-header ABI checks run by hand, in about 2 s, on every ``make test``.
+All of it in about 2 s (a few compiler runs), on every ``make test``.
 """
 
 from __future__ import annotations
