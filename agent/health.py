@@ -2,9 +2,11 @@
 
 The rule (docs/agent.md, "GPU health"), per GPU:
 
-- **failed** when any of: the GPU is lost (GPU_IS_LOST); an XID in :data:`FAILING_XIDS` (79, 48, 94,
-  95, 64) was seen since the GPU was last reset or the agent started; a double-bit ECC event was seen
-  since then; the uncorrected volatile ECC count is above 0; a row remap failed;
+- **failed** when any of: the GPU is lost (GPU_IS_LOST, or another answer after which it gives
+  nothing: RESET_REQUIRED, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH, UNKNOWN); an XID in
+  :data:`FAILING_XIDS` (79, 48, 94, 95, 64) was seen since the GPU was last reset or the agent
+  started; a double-bit ECC event was seen since then; the uncorrected volatile ECC count is above 0;
+  a row remap failed;
 - else **degraded** when any of: a row remap or a page retirement is pending; an XID in
   :data:`DEGRADING_XIDS` (63, 74, 92) was seen since the last reset; an NVLink CRC (flit or data) or
   replay error counter grew in the last :data:`NVLINK_WINDOW_S` (60) s; thermal slowdown
@@ -33,6 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuprobe.agent.sensors.events import lost_reason
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 FAILING_XIDS = frozenset({79, 48, 94, 95, 64})
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _State:
     lost: bool = False
+    lost_reason: str = ""  # NVML's answer (events.lost_reason)
     xids: dict[int, str] = field(default_factory=dict)  # code -> text, seen since the last reset
     dbe_event: bool = False
     ecc_volatile_total: int | None = None
@@ -74,7 +78,7 @@ def verdict(s: _State, now_mono: float) -> Verdict:
     """The rule (module docstring) over one GPU's state."""
     failed: list[str] = []
     if s.lost:
-        failed.append("GPU_IS_LOST: the GPU fell off the bus or stopped answering")
+        failed.append(s.lost_reason)
     failed.extend(f"XID {code}: {text}" for code, text in s.xids.items() if code in FAILING_XIDS)
     if s.ecc_uncorrected_volatile > 0:
         failed.append(f"{s.ecc_uncorrected_volatile} uncorrected ECC errors since the driver loaded")
@@ -154,6 +158,7 @@ class HealthTracker:
                 s.dbe_event = True
             elif event.kind == telemetry_pb2.GPU_EVENT_KIND_LOST:
                 s.lost = True
+                s.lost_reason = lost_reason(event)
             elif event.kind == telemetry_pb2.GPU_EVENT_KIND_RECOVERED:
                 s.lost = False
                 s.reset()  # it answers again: reset (or re-attached)

@@ -125,8 +125,8 @@ class Sampler:
         """Keep :attr:`latest_slow` (a look-up per GPU on each tick; off unless the page is served)."""
         self._keep_slow = True
 
-    def _lost(self, index: int, lost: bool) -> None:
-        self.gpu_event(lost_event(index, lost))
+    def _lost(self, index: int, lost: bool, reason: str) -> None:
+        self.gpu_event(lost_event(index, lost, reason=reason))
 
     def start(self) -> None:
         if self._gpus is not None:

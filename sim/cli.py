@@ -170,10 +170,13 @@ def _fail(values: dict[str, Any], args: argparse.Namespace) -> int:
             return _error(f"--xid takes a positive XID code, not {values['xid']}")
         if values["nvlink_errors"] is not None and values["nvlink_errors"] <= 0:
             return _error(f"--nvlink-errors takes a positive count, not {values['nvlink_errors']}")
+        answer = values["answer"]
+        if answer != "gpu_is_lost" and (injecting or values["recover"]):
+            return _error("--answer applies to losing a GPU only (no injection, no --recover)")
         if not injecting:
             for i in indices:
-                state.set_failed(state_dir, i, not values["recover"])
-            print(f"GPU {values['gpu']} {'recovered (reset)' if values['recover'] else 'lost (GPU_IS_LOST)'}")
+                state.set_failed(state_dir, i, not values["recover"], answer)
+            print(f"GPU {values['gpu']} {'recovered (reset)' if values['recover'] else f'lost ({answer.upper()})'}")
             return 0
         for i in indices:  # all checked before anything is written
             _check_injection(values, config.gpus[i])
@@ -273,8 +276,9 @@ COMMANDS = [
         help="inject GPU faults: lose a GPU (GPU_IS_LOST), XID, ECC, row-remap and NVLink errors; or reset",
         description=(
             "Without an injection option the GPUs are lost (every NVML query answers GPU_IS_LOST, as a GPU "
-            "fallen off the bus); --recover brings them back as a GPU reset does (volatile ECC counters and "
-            "pending flags cleared; aggregate counters, remapped rows and a remap failure persist). The "
+            "fallen off the bus, or the code --answer names); --recover brings them back as a GPU reset does "
+            "(volatile ECC counters and pending flags cleared; aggregate counters, remapped rows and a remap "
+            "failure persist). The "
             "injection options add the errors named; each takes effect at the next update period and reaches "
             "NVML event sets registered before it."
         ),
@@ -286,6 +290,12 @@ COMMANDS = [
                 "bring the GPUs back with a GPU reset (clears lost, pending flags, volatile ECC counts)",
                 is_flag=True,
                 default=False,
+            ),
+            Option(
+                "answer",
+                "what a lost GPU answers every NVML query (nvml.h's nvmlReturn_t)",
+                choices=list(state.FAIL_ANSWERS),
+                default="gpu_is_lost",
             ),
             Option("xid", "deliver an XID error event with this code (79 also makes the GPU lost)", int, metavar="N"),
             Option(

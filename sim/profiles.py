@@ -118,6 +118,10 @@ class GpuProfile:
     # health (docs/simulator.md, "Health"): NVLink links (0: none, NVLink calls answer NOT_SUPPORTED),
     # whether uncorrectable ECC errors remap rows (Ampere and newer) or retire pages (older parts)
     nvlink_links: int = 0
+    # NVLink error counters that answer NOT_SUPPORTED (nvml.h: the DL counters on Blackwell and newer): bit c
+    # for nvmlNvLinkErrorCounter_t c (1 DL_REPLAY, 2 DL_RECOVERY, 4 DL_CRC_FLIT, 8 DL_CRC_DATA, 16 DL_ECC_DATA);
+    # their total fields (52, 59, 38, 45) too
+    nvlink_unsupported_counters: int = 0
     row_remapping: bool = False
     # MIG: 0 off; N (1-7, MIG-capable datacenter parts only) splits the GPU into N 1g instances
     mig_instances: int = 0
@@ -531,6 +535,8 @@ def health_problem(profile: GpuProfile) -> str | None:
     p = profile
     if not 0 <= p.nvlink_links <= 18:
         return f"nvlink_links ({p.nvlink_links}) must be between 0 and 18"
+    if not 0 <= p.nvlink_unsupported_counters < 32:
+        return f"nvlink_unsupported_counters ({p.nvlink_unsupported_counters}) is a mask of counters 0-4 (0-31)"
     if not 0 <= p.mig_instances <= MAX_MIG_INSTANCES:
         return f"mig_instances ({p.mig_instances}) must be between 0 and {MAX_MIG_INSTANCES}"
     if p.mig_instances and not p.mig_capable:

@@ -10,7 +10,8 @@ Layout (all text, so a person can read it)::
     gpu<N>.events   append-only input history of GPU N, one line per event, always five fields:
                     ``<unix_ns> <kind> <value> <arg> <arg2>``
                     U = utilization in % (arg: the holding pid, arg2: its memory in bytes),
-                    L = power limit in mW, F = 1 fails the GPU (GPU_IS_LOST), 0 brings it back
+                    L = power limit in mW, F = 1 fails the GPU (GPU_IS_LOST; another
+                    value: that nvmlReturn_t, e.g. 16 RESET_REQUIRED), 0 brings it back
                     (a GPU reset), W = the workload id of the U line that follows (written with
                     it), X = an XID error (value: the code), E = an ECC error (1 single-bit,
                     2 double-bit), R = a row-remap flag (1 pending, 2 failure), N = NVLink
@@ -69,8 +70,9 @@ LEGACY_FIRST_ORDER_THERMAL: dict[str, float] = {
     "fan_conductance_floor": 1.0,
 }
 # The health parameters a machine written before they existed lacks, at the values the C library reads
-# an absent key as: no NVLink, no MIG (row_remapping it derives from the architecture, as the profiles do).
-LEGACY_HEALTH: dict[str, int] = {"nvlink_links": 0, "mig_instances": 0}
+# an absent key as: no NVLink (every counter supported where there is), no MIG (row_remapping it derives
+# from the architecture, as the profiles do).
+LEGACY_HEALTH: dict[str, int] = {"nvlink_links": 0, "nvlink_unsupported_counters": 0, "mig_instances": 0}
 # Who may set power limits, like the driver: root. Tests that run unprivileged add their own uid.
 DEFAULT_ADMIN_UIDS: tuple[int, ...] = (0,)
 
@@ -326,11 +328,28 @@ def set_load_if_holder(
         return True
 
 
-def set_failed(state_dir: Path, gpu_index: int, failed: bool) -> int:
-    """Make a GPU answer GPU_IS_LOST to every query (as a GPU that fell off the bus), or bring it back.
+# The answers a failed GPU can give to every query (`gpuprobe sim fail --answer`), as nvml.h's nvmlReturn_t;
+# F 1 in the history stands for GPU_IS_LOST (what older gpuprobe wrote), every other value is the code.
+FAIL_ANSWERS: dict[str, int] = {
+    "gpu_is_lost": 15,  # NVML_ERROR_GPU_IS_LOST: fallen off the bus
+    "reset_required": 16,  # NVML_ERROR_RESET_REQUIRED
+    "driver_not_loaded": 9,  # NVML_ERROR_DRIVER_NOT_LOADED
+    "lib_rm_version_mismatch": 18,  # NVML_ERROR_LIB_RM_VERSION_MISMATCH: a driver upgraded under the library
+    "unknown": 999,  # NVML_ERROR_UNKNOWN
+}
+
+
+def set_failed(state_dir: Path, gpu_index: int, failed: bool, answer: str = "gpu_is_lost") -> int:
+    """Make a GPU answer ``answer`` (:data:`FAIL_ANSWERS`; GPU_IS_LOST: a GPU that fell off the bus) to every
+    query, or bring it back.
 
     Bringing it back is a GPU reset: volatile ECC counters restart and pending remaps/retirements are done."""
-    return append_event(state_dir, gpu_index, "F", 1 if failed else 0)
+    if answer not in FAIL_ANSWERS:
+        raise SimStateError(f"a failed GPU answers one of {', '.join(FAIL_ANSWERS)}, not {answer!r}")
+    code = FAIL_ANSWERS[answer]
+    return append_event(
+        state_dir, gpu_index, "F", (1 if code == FAIL_ANSWERS["gpu_is_lost"] else code) if failed else 0
+    )
 
 
 # XIDs the health injections raise, as the driver does (docs/simulator.md, "Health")

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpuprobe.nvml.errors import NVML_ERROR_GPU_IS_LOST, gone_reason
 from gpuprobe.nvml.sensor import EventSource, RawEvent
 from gpuprobe.v1 import telemetry_pb2
 
@@ -101,14 +102,25 @@ def make_event(raw: RawEvent, time_unix_ns: int) -> telemetry_pb2.GpuEvent | Non
     return event
 
 
-def lost_event(gpu_index: int, lost: bool, time_unix_ns: int | None = None) -> telemetry_pb2.GpuEvent:
-    """``LOST`` (the GPU answered GPU_IS_LOST) or ``RECOVERED`` (it answers again)."""
+def lost_event(gpu_index: int, lost: bool, time_unix_ns: int | None = None, reason: str = "") -> telemetry_pb2.GpuEvent:
+    """``LOST`` (the GPU answered GPU_IS_LOST or another of NVML's "gone" codes, which ``reason`` names:
+    :func:`~gpuprobe.nvml.errors.gone_reason`) or ``RECOVERED`` (it answers again)."""
     return telemetry_pb2.GpuEvent(
         time_unix_ns=time.time_ns() if time_unix_ns is None else time_unix_ns,
         gpu_index=gpu_index,
         kind=telemetry_pb2.GPU_EVENT_KIND_LOST if lost else telemetry_pb2.GPU_EVENT_KIND_RECOVERED,
-        text="GPU is lost (GPU_IS_LOST)" if lost else "GPU answers again",
+        text=f"{_LOST_TEXT}{reason or gone_reason(NVML_ERROR_GPU_IS_LOST)})" if lost else "GPU answers again",
     )
+
+
+_LOST_TEXT = "GPU is lost ("
+
+
+def lost_reason(event: telemetry_pb2.GpuEvent) -> str:
+    """The reason a :func:`lost_event` carries (``RESET_REQUIRED: the GPU needs a reset ...``)."""
+    if event.text.startswith(_LOST_TEXT) and event.text.endswith(")"):
+        return event.text[len(_LOST_TEXT) : -1]
+    return gone_reason(NVML_ERROR_GPU_IS_LOST)
 
 
 class EventThread:

@@ -18,10 +18,35 @@ from gpuprobe.errors import ServiceError
 # nvml.h's nvmlReturn_t values the sensor tells apart
 NVML_SUCCESS = 0
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_UNKNOWN = 999
+
+# The answers after which a GPU gives nothing until it answers again (nvml.h: the GPU fell off the bus, it
+# needs a reset, the driver is gone or was replaced under the library, an internal driver error): the
+# sensor treats each as a lost GPU, not as a failed read to count on every tick. Code -> (name, meaning).
+GONE: dict[int, tuple[str, str]] = {
+    NVML_ERROR_GPU_IS_LOST: ("GPU_IS_LOST", "the GPU fell off the bus or stopped answering"),
+    NVML_ERROR_RESET_REQUIRED: ("RESET_REQUIRED", "the GPU needs a reset before it can be used again"),
+    NVML_ERROR_DRIVER_NOT_LOADED: ("DRIVER_NOT_LOADED", "the NVIDIA driver is not loaded"),
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
+        "LIB_RM_VERSION_MISMATCH",
+        "the NVIDIA kernel module and the NVML library are of different versions",
+    ),
+    NVML_ERROR_UNKNOWN: ("UNKNOWN", "an internal driver error"),
+}
+
+
+def gone_reason(code: int) -> str:
+    """Why a GPU gives nothing, in the words of the health state (``RESET_REQUIRED: the GPU needs ...``)."""
+    name, meaning = GONE.get(code, GONE[NVML_ERROR_GPU_IS_LOST])
+    return f"{name}: {meaning}"
 
 
 class GpuSensorError(ServiceError, RuntimeError):

@@ -73,9 +73,14 @@ here too, so that NVML stays behind one boundary. ``GpuInfo.mig_enabled`` and
 
 Errors are translated here, once:
 
-- ``NOT_SUPPORTED`` (or a missing function): the field is absent from every later sample of that GPU
-  (never a fake zero) and the fact is logged once per GPU and field.
-- ``GPU_IS_LOST``: the GPU yields no samples and is logged as lost (and :attr:`GpuSensor.on_lost`
+- ``NOT_SUPPORTED`` (or a missing function), and ``NO_PERMISSION`` (nvml.h: a MIG-enabled GPU's memory
+  and process lists for an unprivileged caller; its MIG instances' memory is read instead): the field is
+  absent from every later sample of that GPU (never a fake zero), dropped from the hot path (also when
+  it stops being possible later, as when MIG is switched on), not counted as a read error, and the
+  fact is logged once per GPU and field.
+- ``GPU_IS_LOST``, and the other answers after which a GPU gives nothing (``RESET_REQUIRED``,
+  ``DRIVER_NOT_LOADED``, ``LIB_RM_VERSION_MISMATCH``, ``UNKNOWN``: :data:`~gpuprobe.nvml.errors.GONE`):
+  the GPU yields no samples, is counted once as a read error and is logged as lost (and :attr:`GpuSensor.on_lost`
   is told, as it is when the GPU answers again); it is retried once per
   ``lost_retry_s`` and logged again when it answers, and its static facts are read again then (an
   outage can have hidden some; :attr:`GpuSensor.infos` shows the new ones). A GPU that is already
@@ -101,14 +106,17 @@ from typing import Any
 import pynvml
 
 from gpuprobe.nvml.errors import (
+    GONE,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_NO_PERMISSION,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_TIMEOUT,
     NVML_SUCCESS,
     GpuSensorError,
     error_name,
+    gone_reason,
     text,
 )
 from gpuprobe.v1 import common_pb2
@@ -116,6 +124,11 @@ from gpuprobe.v1 import common_pb2
 log = logging.getLogger(__name__)
 
 Sample = dict[str, Any]  # keyword arguments of gpuprobe.v1.GpuSample
+
+# Answers after which a read is left out of that GPU's samples from then on, logged once and never counted:
+# the read is not supported, its function is missing, or the agent may not make it (nvml.h: a MIG-enabled
+# GPU's memory and process lists for an unprivileged caller; the MIG instances' own memory is read instead)
+LEFT_OUT = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NO_PERMISSION})
 
 FIELD_MEMORY_TEMP = 82
 FIELD_TOTAL_ENERGY_CONSUMPTION = 83
@@ -157,6 +170,10 @@ ARCHITECTURES = {
     8: "ada",
     9: "hopper",
     10: "blackwell",
+    11: "dla",
+    12: "dla2",
+    13: "rubin",
+    15: "npu3",
 }
 
 VIRTUALIZATION_MODES: dict[int, common_pb2.Virtualization] = {
@@ -290,9 +307,10 @@ class _SlowState:
     process_seen_us: int = 0  # the newest process utilization sample's timestamp
     nvlink_calls: _NvLinkCalls | None = None
     nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, then the error totals
-    nvlink_totals: tuple[int, ...] | None = None  # the error totals when the per-link counters were read
+    nvlink_totals: tuple[int | None, ...] | None = None  # the error totals when the links were read (None: unsupported)
     nvlink_errors: dict[int, tuple[int | None, ...]] = field(default_factory=dict)  # link -> its counters
     nvlink_errors_mono: float = 0.0  # when the per-link counters were read
+    nvlink_unsupported: set[str] = field(default_factory=set)  # NVLINK_ERROR_COUNTERS keys NVML does not support
 
 
 class NvLinkRead:
@@ -375,10 +393,12 @@ class _Gpu:
     calls: list[_Call] = field(default_factory=list)
     pcie_calls: list[_Call] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)
+    denied: set[str] = field(default_factory=set)  # the unsupported keys NVML answered NO_PERMISSION for
     logged_errors: set[tuple[str, int]] = field(default_factory=set)
     limit_fallback: bool = False  # field 190 is missing: read the enforced power limit instead
     fast: Callable[[int], Sample | None] | None = None  # the straight-line reader (None while probing)
     lost: bool = False
+    lost_code: int = NVML_ERROR_GPU_IS_LOST  # which of the GONE codes it answered, while lost
     retry_at: float = 0.0
     known: bool = True  # False: lost when the sensor opened, its static facts not read yet
     slow: _SlowState = field(default_factory=lambda: _SlowState())
@@ -401,22 +421,23 @@ class GpuSensor:
         self.read_errors = 0  # NVML errors other than "not supported" (the sampler reads the total)
         self._fv = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
         self._by_index = {g.index: g for g in gpus}
-        # told (index, lost) when a GPU stops answering (GPU_IS_LOST) and when it answers again; called
-        # in the thread that reads (the sampler's); set it with set_lost_hook
-        self.on_lost: Callable[[int, bool], None] | None = None
+        # told (index, lost, reason) when a GPU stops answering (one of the GONE codes) and when it answers
+        # again; called in the thread that reads (the sampler's); set it with set_lost_hook
+        self.on_lost: Callable[[int, bool, str], None] | None = None
 
-    def set_lost_hook(self, hook: Callable[[int, bool], None]) -> None:
-        """``hook(index, lost)`` on every change from now on, and at once for the GPUs lost already."""
+    def set_lost_hook(self, hook: Callable[[int, bool, str], None]) -> None:
+        """``hook(index, lost, reason)`` on every change from now on, and at once for the GPUs lost already;
+        ``reason`` names NVML's answer (:func:`~gpuprobe.nvml.errors.gone_reason`), "" when it answers again."""
         self.on_lost = hook
         for gpu in self._gpus:
             if gpu.lost:
-                hook(gpu.index, True)
+                hook(gpu.index, True, gone_reason(gpu.lost_code))
 
     def _tell(self, gpu: _Gpu, lost: bool) -> None:
         hook = self.on_lost
         if hook is not None:
             try:
-                hook(gpu.index, lost)
+                hook(gpu.index, lost, gone_reason(gpu.lost_code) if lost else "")
             except Exception:  # a hook's failure must not stop sampling
                 log.exception("the lost-GPU hook failed")
 
@@ -442,10 +463,11 @@ class GpuSensor:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 info = _static_info(index, handle, driver)
             except pynvml.NVMLError as e:
-                if handle is not None and isinstance(e, pynvml.NVMLError_GpuIsLost):
+                if handle is not None and int(e.value) in GONE:
                     log.error("GPU %d is lost (%s): it joins when it answers; the other GPUs are sampled", index, e)
+                    info = common_pb2.GpuInfo(index=index)
                     gpus.append(
-                        _Gpu(index=index, handle=handle, info=common_pb2.GpuInfo(index=index), lost=True, known=False)
+                        _Gpu(index=index, handle=handle, info=info, lost=True, lost_code=int(e.value), known=False)
                     )
                 else:
                     log.error(
@@ -673,18 +695,33 @@ class GpuSensor:
         gpu.unsupported.add(key)
         if key == "power_limit_w" and not gpu.limit_fallback:
             return  # the enforced power limit is tried instead
+        if code == NVML_ERROR_NO_PERMISSION:
+            gpu.denied.add(key)
+            log.warning(
+                "%s: %s may not be read by this user (%s: %s; on a MIG-enabled GPU the MIG instances' memory "
+                "is read instead); it is left out",
+                gpu.label,
+                key,
+                what,
+                error_name(code),
+            )
+            return
         log.info("%s: %s is not supported (%s: %s); the field is left out", gpu.label, key, what, error_name(code))
 
-    def _lose(self, gpu: _Gpu, what: str) -> None:
-        self.read_errors += 1
+    def _lose(self, gpu: _Gpu, what: str, code: int = NVML_ERROR_GPU_IS_LOST) -> None:
+        """The GPU answered one of the :data:`GONE` codes: no samples until it answers again. Counted and
+        logged once per outage (its retries, once per ``lost_retry_s``, are not new errors)."""
         gpu.retry_at = time.monotonic() + self._lost_retry_s
-        if not gpu.lost:
+        if not gpu.lost or code != gpu.lost_code:
+            self.read_errors += 1
             gpu.lost = True
+            gpu.lost_code = code
             log.error(
-                "%s is lost (%s answered GPU_IS_LOST): no samples from it until it answers again; "
+                "%s is lost (%s answered %s): no samples from it until it answers again; "
                 "the other GPUs keep being sampled",
                 gpu.label,
                 what,
+                GONE[code][0],
             )
             self._tell(gpu, True)
 
@@ -754,8 +791,8 @@ class GpuSensor:
         sample: Sample = {"time_unix_ns": t_ns, "gpu_index": gpu.index}
         if gpu.field_count:
             rc = self._fv(gpu.handle, gpu.field_count, gpu.field_array)
-            if rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, "nvmlDeviceGetFieldValues")
+            if rc in GONE:
+                self._lose(gpu, "nvmlDeviceGetFieldValues", rc)
                 return None
             if rc:
                 for spec in gpu.fields:
@@ -769,10 +806,10 @@ class GpuSensor:
                         sample[spec.key] = _field_value(f) / spec.divisor if spec.divisor != 1 else _field_value(f)
                         if spec.value_type < 0:
                             spec.value_type = int(f.valueType)
-                    elif frc == NVML_ERROR_GPU_IS_LOST:
-                        self._lose(gpu, f"field {spec.field_id}")
+                    elif frc in GONE:
+                        self._lose(gpu, f"field {spec.field_id}", frc)
                         return None
-                    elif frc == NVML_ERROR_NOT_SUPPORTED and probing:
+                    elif frc in LEFT_OUT:
                         self._unsupported(gpu, spec.key, f"NVML field {spec.field_id}", frc)
                     else:
                         self._error(gpu, spec.key, frc)
@@ -780,13 +817,20 @@ class GpuSensor:
             rc = call.fn(*call.args)
             if rc == NVML_SUCCESS:
                 call.store(sample)
-            elif rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, call.key)
+            elif rc in GONE:
+                self._lose(gpu, call.key, rc)
                 return None
-            elif probing and rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+            elif rc in LEFT_OUT:
                 self._unsupported(gpu, call.key, "NVML", rc)
             else:
                 self._error(gpu, call.key, rc)
+        if not probing and (
+            any(s.key in gpu.unsupported for s in gpu.fields) or any(c.key in gpu.unsupported for c in gpu.calls)
+        ):
+            # a read that stopped being possible (MIG switched on, say): out of the hot path, as at the probe
+            self._set_fields(gpu, [s for s in gpu.fields if s.key not in gpu.unsupported])
+            gpu.calls = [c for c in gpu.calls if c.key not in gpu.unsupported]
+            self._compile_fast(gpu)
         if gpu.lost:
             gpu.lost = False
             log.warning("%s answers again; sampling it resumes", gpu.label)
@@ -802,14 +846,14 @@ class GpuSensor:
             rc = call.fn(*call.args)
             if rc == NVML_SUCCESS:
                 call.store(sample)
-            elif rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, call.key)
+            elif rc in GONE:
+                self._lose(gpu, call.key, rc)
                 return
-            elif probing and rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+            elif rc in LEFT_OUT:
                 self._unsupported(gpu, call.key, "NVML", rc)
             else:
                 self._error(gpu, call.key, rc)
-        if probing:
+        if probing or any(c.key in gpu.unsupported for c in gpu.pcie_calls):
             gpu.pcie_calls = [c for c in gpu.pcie_calls if c.key not in gpu.unsupported]
 
     # ------------------------------------------------------------------ the health interval (slow reads)
@@ -818,7 +862,8 @@ class GpuSensor:
         """``function(*args)`` with the sensor's error translation; None when there is no value.
 
         NOT_SUPPORTED or a missing function: ``key`` is absent from then on for this GPU (logged once);
-        GPU_IS_LOST: the GPU is lost (check ``gpu.lost``); anything else: counted, logged once.
+        a GONE code (GPU_IS_LOST, RESET_REQUIRED, ...): the GPU is lost (check ``gpu.lost``); anything else:
+        counted, logged once.
         """
         if key in gpu.unsupported:
             return None
@@ -826,10 +871,10 @@ class GpuSensor:
             return function(*args)
         except pynvml.NVMLError as e:
             code = int(e.value)
-            if code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+            if code in LEFT_OUT:
                 self._unsupported(gpu, key, getattr(function, "__name__", "NVML"), code)
-            elif code == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, key)
+            elif code in GONE:
+                self._lose(gpu, key, code)
             else:
                 self._error(gpu, key, code)
             return None
@@ -963,8 +1008,8 @@ class GpuSensor:
                     pynvml.nvmlDeviceGetNvLinkState(h, link)
                 except pynvml.NVMLError as e:
                     code = int(e.value)
-                    if code == NVML_ERROR_GPU_IS_LOST:
-                        self._lose(gpu, "nvlink")
+                    if code in GONE:
+                        self._lose(gpu, "nvlink", code)
                         return []
                     continue
                 links.append(link)
@@ -991,8 +1036,8 @@ class GpuSensor:
             if rc == NVML_SUCCESS:
                 if state.value == 1:
                     active.add(link)
-            elif rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, "nvlink_state")
+            elif rc in GONE:
+                self._lose(gpu, "nvlink_state", rc)
                 return []
             else:
                 self._error(gpu, "nvlink_state", rc)
@@ -1001,14 +1046,14 @@ class GpuSensor:
         t_ns = sample["time_unix_ns"]
         out: list[NvLinkRead] = []
         rates: dict[int, tuple[float, float]] = {}
-        totals: tuple[int, ...] | None = None
+        totals: tuple[int | None, ...] | None = None
         if "nvlink_throughput" not in gpu.unsupported:
             array = slow.nvlink_fields
             count = len(per_link) * 2
             with_totals = "nvlink_error_totals" not in gpu.unsupported
             rc = self._fv(h, count + len(FIELD_NVLINK_ERROR_TOTALS) if with_totals else count, array)
-            if rc == NVML_ERROR_GPU_IS_LOST:
-                self._lose(gpu, "nvlink_throughput")
+            if rc in GONE:
+                self._lose(gpu, "nvlink_throughput", rc)
                 return []
             if rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
                 self._unsupported(gpu, "nvlink_throughput", "nvmlDeviceGetFieldValues", rc)
@@ -1032,11 +1077,16 @@ class GpuSensor:
                         rates[link] = ((tx_kib - prev[0]) * 1024 / dt, (rx_kib - prev[1]) * 1024 / dt)
                 if with_totals:
                     total_fields = fields[count : count + len(FIELD_NVLINK_ERROR_TOTALS)]
-                    if all(f[5] == NVML_SUCCESS for f in total_fields):
-                        totals = tuple(_unpacked_int(f) for f in total_fields)
-                    elif any(f[5] == NVML_ERROR_NOT_SUPPORTED for f in total_fields):
+                    codes = [f[5] for f in total_fields]
+                    if all(c == NVML_ERROR_NOT_SUPPORTED for c in codes):
                         # an older driver: every link's counters are read every interval, as before
                         gpu.unsupported.add("nvlink_error_totals")
+                    elif all(
+                        c == NVML_SUCCESS or (c == NVML_ERROR_NOT_SUPPORTED and key in slow.nvlink_unsupported)
+                        for c, (key, _) in zip(codes, NVLINK_ERROR_COUNTERS, strict=True)
+                    ):
+                        # a total stands for its counter only; an unsupported counter's total is None
+                        totals = tuple(_unpacked_int(f) if f[5] == NVML_SUCCESS else None for f in total_fields)
         errors_read = "nvlink_errors" not in gpu.unsupported
         now_mono = time.monotonic()
         cached = slow.nvlink_errors
@@ -1056,22 +1106,29 @@ class GpuSensor:
                 errors = cached[link]
             elif errors_read:
                 read: list[int | None] = []
-                for _, args, buffer in counters:
+                for key, args, buffer in counters:
+                    if key in slow.nvlink_unsupported:
+                        read.append(None)
+                        continue
                     rc = error_fn(*args)
                     if rc == NVML_SUCCESS:
                         read.append(int(buffer.value))
                         continue
                     read.append(None)
-                    complete = False
-                    if rc == NVML_ERROR_GPU_IS_LOST:
-                        self._lose(gpu, "nvlink_errors")
+                    if rc in GONE:
+                        self._lose(gpu, "nvlink_errors", rc)
                         slow.nvlink_totals = None
                         return []
                     elif rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
-                        self._unsupported(gpu, "nvlink_errors", "nvmlDeviceGetNvLinkErrorCounter", rc)
-                        errors_read = False
-                        break
+                        # that counter only (nvml.h: the DL counters are unsupported on Blackwell and newer);
+                        # the others are kept. A counter no link has is left out for good, logged once.
+                        slow.nvlink_unsupported.add(key)
+                        self._unsupported(gpu, f"nvlink {key}", "nvmlDeviceGetNvLinkErrorCounter", rc)
+                        if len(slow.nvlink_unsupported) == len(NVLINK_ERROR_COUNTERS):
+                            gpu.unsupported.add("nvlink_errors")
+                            errors_read = False
                     else:
+                        complete = False
                         self._error(gpu, "nvlink_errors", rc)
                 errors = tuple(read)
                 previous = cached.get(link)
@@ -1167,8 +1224,8 @@ class GpuSensor:
                 mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, i)
                 gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
             except pynvml.NVMLError as e:
-                if int(e.value) == NVML_ERROR_GPU_IS_LOST:
-                    self._lose(gpu, "mig")
+                if int(e.value) in GONE:
+                    self._lose(gpu, "mig", int(e.value))
                     return []
                 continue  # NOT_FOUND: no MIG device in this slot
             attributes = _optional(functools.partial(pynvml.nvmlDeviceGetAttributes, mig))
@@ -1198,9 +1255,28 @@ class GpuSensor:
         if gpu is None or gpu.lost or not gpu.known:
             return None
         procs = self._slow_call(gpu, "processes", pynvml.nvmlDeviceGetComputeRunningProcesses, gpu.handle)
+        if procs is None and "processes" in gpu.denied and gpu.info.mig_enabled:
+            procs = self._mig_processes(gpu)  # the whole GPU's list needs privileges, each instance's does not
         if procs is None:
             return None
         return [ProcessRead(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs]
+
+    def _mig_processes(self, gpu: _Gpu) -> list[Any] | None:
+        """The compute processes of every MIG instance of ``gpu``; None when NVML lists none of them."""
+        count = self._slow_call(gpu, "mig", pynvml.nvmlDeviceGetMaxMigDeviceCount, gpu.handle)
+        procs: list[Any] = []
+        listed = False
+        for i in range(int(count or 0)):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, i)
+                procs.extend(pynvml.nvmlDeviceGetComputeRunningProcesses(mig))
+                listed = True
+            except pynvml.NVMLError as e:
+                if int(e.value) in GONE:
+                    self._lose(gpu, "mig processes", int(e.value))
+                    return None
+                continue  # NOT_FOUND: no MIG device in this slot
+        return procs if listed else None
 
     def read_process_utilization(self, index: int) -> dict[int, tuple[float, float]]:
         """pid -> (SM %, memory %) over the samples NVML took since the last call (mean per pid)."""
@@ -1227,19 +1303,50 @@ class GpuSensor:
     def open_events(self, event_types: int) -> EventSource | None:
         """An NVML event set with ``event_types`` (a mask) registered on every known GPU, as far as
         each supports them; None when no GPU supports any of them (or NVML has no event sets)."""
+        mig = {g.index for g in self._gpus if g.info.mig_enabled}
+        # not registered: a GPU lost now (its outage is seen by the sampler: LOST / RECOVERED)
+        source = EventSource([g for g in self._gpus if g.known and not g.lost], event_types, mig, self._lost_retry_s)
+        return source if source.open() else None
+
+
+class EventSource:
+    """An NVML event set over some GPUs; :meth:`wait` runs in the events thread (NVML is thread safe).
+
+    A wait may answer GPU_IS_LOST (or another :data:`GONE` code) for the whole set when one registered
+    GPU is lost (nvml.h, ``nvmlEventSetWait_v2``), and NVML cannot unregister a GPU: the set is then made
+    again without the GPUs that no longer answer, so the others keep their XID and ECC events, and with
+    them again once they answer (looked at once per ``retry_s``). A new set receives only events that
+    happen after it is made, as any set does.
+    """
+
+    def __init__(self, gpus: list[_Gpu], event_types: int, mig_gpus: set[int], retry_s: float = 1.0) -> None:
+        self._candidates = gpus
+        self._types = event_types
+        self._mig_gpus = mig_gpus
+        self._retry_s = retry_s
+        self._set: Any = None
+        self._handles: dict[int, int] = {}  # device handle address -> index
+        self._out: dict[int, _Gpu] = {}  # index -> a GPU taken out of the set while it does not answer
+        self._retry_at = 0.0
+        self.gpus: list[int] = []
+        self._logged: set[int] = set()
+
+    def open(self) -> bool:
+        """Makes the set; False when NVML has none or no GPU supports any of the types."""
         try:
             event_set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as e:
             log.info("NVML events are not available (%s): no XID or ECC events", e)
-            return None
+            return False
         handles: dict[int, int] = {}
-        for gpu in self._gpus:
-            if not gpu.known or gpu.lost:
-                continue  # not registered: its outage is seen by the sampler (LOST / RECOVERED)
+        for gpu in self._candidates:
+            if gpu.index in self._out:
+                continue
             try:
-                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(gpu.handle)) & event_types
+                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(gpu.handle)) & self._types
             except pynvml.NVMLError as e:
-                log.info("%s: NVML events are not supported (%s)", gpu.label, e)
+                if not self._out:  # said once, when the set is first made
+                    log.info("%s: NVML events are not supported (%s)", gpu.label, e)
                 continue
             registered = 0
             for bit in (1 << b for b in range(64) if supported >> b & 1):
@@ -1251,30 +1358,61 @@ class GpuSensor:
             if registered:
                 handles[_address(gpu.handle)] = gpu.index
                 log.info("%s: NVML events 0x%x registered", gpu.label, registered)
-        if not handles:
+        if not handles and not self._out:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlEventSetFree(event_set)
-            return None
-        mig = {g.index for g in self._gpus if g.info.mig_enabled}
-        return EventSource(event_set, handles, mig)
-
-
-class EventSource:
-    """An NVML event set; :meth:`wait` runs in the events thread (NVML is thread safe)."""
-
-    def __init__(self, event_set: Any, handles: dict[int, int], mig_gpus: set[int]) -> None:
-        self._set = event_set
-        self._handles = handles  # device handle address -> index
-        self._mig_gpus = mig_gpus
+            return False
+        self._set, self._handles = event_set, handles
         self.gpus = sorted(handles.values())
-        self._logged: set[int] = set()
+        return True
+
+    def _remake(self) -> None:
+        """The set again, over the GPUs that answer (the others are taken out until they do)."""
+        taken: list[tuple[_Gpu, int]] = []
+        back: list[_Gpu] = []
+        for gpu in self._candidates:
+            try:
+                pynvml.nvmlDeviceGetSupportedEventTypes(gpu.handle)
+            except pynvml.NVMLError as e:
+                if int(e.value) in GONE and gpu.index not in self._out:
+                    self._out[gpu.index] = gpu
+                    taken.append((gpu, int(e.value)))
+                continue
+            if self._out.pop(gpu.index, None) is not None:
+                back.append(gpu)
+        self.close()
+        self._handles = {}
+        self.open()
+        self._retry_at = time.monotonic() + self._retry_s
+        others = ", ".join(str(i) for i in self.gpus) or "none"
+        for gpu, code in taken:  # said once the new set is registered: events from here on reach it
+            log.warning(
+                "%s is taken out of the NVML event set (it answers %s); the events of GPUs %s go on",
+                gpu.label,
+                GONE[code][0],
+                others,
+            )
+        for gpu in back:
+            log.warning("%s answers again: its NVML events are registered again", gpu.label)
 
     def wait(self, timeout_ms: int) -> RawEvent | None:
         """The next event, or None when none came within ``timeout_ms`` (or the wait failed)."""
+        if self._out and time.monotonic() >= self._retry_at:
+            self._retry_at = time.monotonic() + self._retry_s
+            if any(_answers(gpu.handle) for gpu in self._out.values()):
+                self._remake()  # a GPU taken out answers again: the set over all of them
+        if self._set is None:
+            time.sleep(timeout_ms / 1000)  # every GPU is out: nothing to wait on until one answers
+            return None
         try:
             data = pynvml.nvmlEventSetWait_v2(self._set, timeout_ms)
         except pynvml.NVMLError as e:
             code = int(e.value)
+            if code in GONE:
+                out = set(self._out)
+                self._remake()
+                if set(self._out) != out:
+                    return None  # the lost GPU is out: wait on the others at once
             if code != NVML_ERROR_TIMEOUT:
                 if code not in self._logged:
                     self._logged.add(code)
@@ -1293,8 +1431,18 @@ class EventSource:
         )
 
     def close(self) -> None:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlEventSetFree(self._set)
+        if self._set is not None:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlEventSetFree(self._set)
+            self._set = None
+
+
+def _answers(handle: Any) -> bool:
+    try:
+        pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+    except pynvml.NVMLError:
+        return False
+    return True
 
 
 def _address(handle: Any) -> int:

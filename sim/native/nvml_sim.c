@@ -62,6 +62,8 @@ enum {
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_RESET_REQUIRED = 16,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -128,6 +130,7 @@ typedef struct sim_gpu {
     int ecc_supported;
     int virt; /* nvmlGpuVirtualizationMode_t */
     unsigned nvlink_links, mig_instances;
+    unsigned nvlink_unsupported; /* bit c: nvmlNvLinkErrorCounter_t c answers NOT_SUPPORTED (and its total field) */
     int row_remapping; /* -1: absent from sim.conf (older gpuprobe), derived from the architecture */
     /* event history */
     char events_path[4096];
@@ -142,7 +145,7 @@ typedef struct sim_gpu {
     unsigned util;
     double limit_w;
     long long holder_pid, holder_mem_bytes;
-    int failed;
+    int failed; /* the code every query answers while failed (F events: GPU_IS_LOST, RESET_REQUIRED, ...), or 0 */
     unsigned workload, next_workload; /* rows of the workload table: in force, named by the last W event */
     /* health state (events E, R, N; F 0 is a GPU reset): docs/simulator.md, "Health" */
     unsigned long long ecc_corr_vol, ecc_corr_agg, ecc_unc_vol, ecc_unc_agg;
@@ -221,7 +224,8 @@ static void set_param(sim_gpu *g, const char *key, const char *v) {
     DBL(uncore_power_share, "uncore_power_share") DBL(voltage_floor, "voltage_floor")
     DBL(voltage_knee, "voltage_knee") DBL(voltage_exponent, "voltage_exponent")
     INT(virt, "virt")
-    UINT(nvlink_links, "nvlink_links") UINT(mig_instances, "mig_instances") INT(row_remapping, "row_remapping")
+    UINT(nvlink_links, "nvlink_links") UINT(mig_instances, "mig_instances")
+    UINT(nvlink_unsupported, "nvlink_unsupported_counters") INT(row_remapping, "row_remapping")
     /* unknown keys (the profile's own name, ...) are ignored */
 #undef STR
 #undef UINT
@@ -493,7 +497,8 @@ static void apply_events_until(sim_gpu *g, int64_t t_ns) {
             break;
         case 'L': g->limit_w = e->value / 1000.0; break;
         case 'F':
-            g->failed = e->value != 0;
+            /* F 1 (older gpuprobe, and the default): GPU_IS_LOST; any other non-zero value is the code answered */
+            g->failed = e->value == 1 ? NVML_ERROR_GPU_IS_LOST : (int)e->value;
             if (!g->failed) {
                 /* brought back = a GPU reset: volatile counters restart, pending remaps and retirements are
                  * carried out; aggregate counts, remapped rows, retired pages and a remap failure persist */
@@ -667,7 +672,7 @@ static int check_device(nvmlDevice_t d) {
     if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
     if (d < g_gpus || d >= g_gpus + g_gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
     refresh();
-    if (d->failed) return NVML_ERROR_GPU_IS_LOST;
+    if (d->failed) return d->failed;
     return NVML_SUCCESS;
 }
 
@@ -707,6 +712,12 @@ static void mig_uuid(const sim_mig *m, char *out, size_t len) {
 #define FAIL(code) do { rc_ = (code); goto done_; } while (0)
 #define DONE done_: pthread_mutex_unlock(&g_lock); return rc_;
 #define NEED(ptr) if (!(ptr)) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+/* nvml.h on a MIG-enabled GPU's own handle (docs/simulator.md, "MIG"): the aggregate reads that need
+ * privileges answer NO_PERMISSION to a caller outside sim.conf's admin_uids, and the reads that MIG does
+ * not support answer NOT_SUPPORTED */
+static int privileged(void);
+#define MIG_NEEDS_PRIVILEGE if (g->mig_instances && !privileged()) FAIL(NVML_ERROR_NO_PERMISSION);
+#define MIG_UNSUPPORTED if (g->mig_instances) FAIL(NVML_ERROR_NOT_SUPPORTED);
 /* A MIG call on a MIG handle: locks, checks the parent GPU; the body runs with m set. */
 #define BEGIN_MIG(dev)                                  \
     sim_mig *m = mig_of(dev);                           \
@@ -775,6 +786,8 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded (gpuprobe simulator: GPUPROBE_SIM_DIR not set or has no sim.conf)";
     case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
     }
@@ -1013,7 +1026,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m) {
         if (rc == NVML_SUCCESS) { m->total = total; m->used = reserved; m->free = total - reserved; }
         return rc;
     }
-    BEGIN(dev) NEED(m)
+    BEGIN(dev) NEED(m) MIG_NEEDS_PRIVILEGE
     m->total = g->memory_total_bytes;
     m->used = mem_used_bytes(g);
     m->free = m->total - m->used;
@@ -1030,6 +1043,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t
     }
     BEGIN(dev) NEED(m)
     if (m->version != NVML_MEMORY_V2) FAIL(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    MIG_NEEDS_PRIVILEGE
     m->total = g->memory_total_bytes;
     m->reserved = g->memory_reserved_bytes;
     m->used = mem_used_bytes(g) - g->memory_reserved_bytes;
@@ -1047,16 +1061,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t dev, nvmlBAR1Memory
 
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
-    BEGIN(dev) NEED(u)
+    BEGIN(dev) NEED(u) MIG_UNSUPPORTED
     u->gpu = g->hist[g->k % HISTORY].util;
     u->memory = g->hist[g->k % HISTORY].mem_util;
     DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us) {
-    BEGIN(dev) NEED(util) NEED(period_us) *util = 0; *period_us = 167000; DONE
+    BEGIN(dev) NEED(util) NEED(period_us) MIG_UNSUPPORTED *util = 0; *period_us = 167000; DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us) {
-    BEGIN(dev) NEED(util) NEED(period_us) *util = 0; *period_us = 167000; DONE
+    BEGIN(dev) NEED(util) NEED(period_us) MIG_UNSUPPORTED *util = 0; *period_us = 167000; DONE
 }
 
 /* ---------------------------------------------------------------- power and energy */
@@ -1223,7 +1237,10 @@ static int holder_alive(const sim_gpu *g) {
     return kill((pid_t)g->holder_pid, 0) == 0 || errno == EPERM;
 }
 
-static nvmlReturn_t fill_processes(sim_gpu *g, unsigned int *count, void *infos, size_t stride, int v1) {
+#define NO_INSTANCE 0xFFFFFFFFu /* a process not in a MIG instance */
+/* The GPU's process list into nvml.h's records of `stride` bytes (v1: no MIG ids); `gi`: the GPU instance
+ * the processes are in (NO_INSTANCE on a GPU without MIG; their compute instance is then 0). */
+static nvmlReturn_t fill_processes(sim_gpu *g, unsigned int *count, void *infos, size_t stride, int v1, unsigned gi) {
     unsigned n = holder_alive(g) ? 1 : 0;
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     if (!infos || *count < n) {
@@ -1239,21 +1256,31 @@ static nvmlReturn_t fill_processes(sim_gpu *g, unsigned int *count, void *infos,
         memcpy(p, &pid, 4);
         memcpy(p + 8, &mem, 8);
         if (!v1) {
-            unsigned none = 0xFFFFFFFFu; /* not in a MIG instance */
-            memcpy(p + 16, &none, 4);
-            memcpy(p + 20, &none, 4);
+            unsigned ci = gi == NO_INSTANCE ? NO_INSTANCE : 0;
+            memcpy(p + 16, &gi, 4);
+            memcpy(p + 20, &ci, 4);
         }
     }
     return NVML_SUCCESS;
 }
+static nvmlReturn_t no_processes(unsigned int *count);
+/* A MIG instance's processes (no privileges needed, as nvml.h says): the GPU's holder runs in the first one. */
+static nvmlReturn_t mig_processes(nvmlDevice_t dev, unsigned int *count, void *infos, size_t stride, int v1) {
+    BEGIN_MIG(dev)
+    rc_ = m->index == 0 ? fill_processes(m->parent, count, infos, stride, v1, MIG_GI_IDS[0]) : no_processes(count);
+    DONE
+}
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) rc_ = fill_processes(g, count, infos, 24, 0); DONE
+    if (mig_of(dev)) return mig_processes(dev, count, infos, 24, 0);
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 24, 0, NO_INSTANCE); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) rc_ = fill_processes(g, count, infos, 24, 0); DONE
+    if (mig_of(dev)) return mig_processes(dev, count, infos, 24, 0);
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 24, 0, NO_INSTANCE); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) rc_ = fill_processes(g, count, infos, 16, 1); DONE
+    if (mig_of(dev)) return mig_processes(dev, count, infos, 16, 1);
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE rc_ = fill_processes(g, count, infos, 16, 1, NO_INSTANCE); DONE
 }
 static nvmlReturn_t no_processes(unsigned int *count) {
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1261,16 +1288,16 @@ static nvmlReturn_t no_processes(unsigned int *count) {
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE (void)infos; rc_ = no_processes(count); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE (void)infos; rc_ = no_processes(count); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE (void)infos; rc_ = no_processes(count); DONE
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count, void *infos) {
-    BEGIN(dev) (void)infos; rc_ = no_processes(count); DONE
+    BEGIN(dev) MIG_NEEDS_PRIVILEGE (void)infos; rc_ = no_processes(count); DONE
 }
 
 typedef struct {
@@ -1281,7 +1308,7 @@ typedef struct {
 
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *s,
                                                     unsigned int *count, unsigned long long last_seen_us) {
-    BEGIN(dev) NEED(count)
+    BEGIN(dev) NEED(count) MIG_UNSUPPORTED
     const sim_hist *h = &g->hist[g->k % HISTORY];
     if (!holder_alive(g) || (unsigned long long)h->t_us <= last_seen_us) FAIL(NVML_ERROR_NOT_FOUND);
     if (!s || *count < 1) { *count = 1; FAIL(NVML_ERROR_INSUFFICIENT_SIZE); }
@@ -1334,6 +1361,9 @@ static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
         /* NVLINK_CRC_FLIT / CRC_DATA / REPLAY / RECOVERY_ERROR_COUNT_TOTAL: the sums over the links of what
          * nvmlDeviceGetNvLinkErrorCounter answers (CRC flit and replay move together, the others stay 0) */
         if (!g->nvlink_links) return NVML_ERROR_NOT_SUPPORTED;
+        /* the counter each total sums: 52 DL_REPLAY (0), 59 DL_RECOVERY (1), 38 DL_CRC_FLIT (2), 45 DL_CRC_DATA (3) */
+        unsigned counter = f->fieldId == 52 ? 0 : f->fieldId == 59 ? 1 : f->fieldId == 38 ? 2 : 3;
+        if (g->nvlink_unsupported >> counter & 1) return NVML_ERROR_NOT_SUPPORTED;
         unsigned long long total = 0;
         for (unsigned l = 0; l < g->nvlink_links; l++)
             total += f->fieldId == 38 ? g->nvlink_crc_flit[l] : f->fieldId == 52 ? g->nvlink_replay[l] : 0;
@@ -1408,6 +1438,8 @@ static int sample_value(const sim_hist *h, int type, unsigned *v) {
 EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t dev, int type, unsigned long long last_seen_us,
                                          int *value_type, unsigned int *count, nvmlSample_t *samples) {
     BEGIN(dev) NEED(value_type) NEED(count)
+    /* GPU, memory, encoder and decoder utilization samples (1-4): not on MIG */
+    if (g->mig_instances && type >= 1 && type <= 4) FAIL(NVML_ERROR_NOT_SUPPORTED);
     unsigned dummy;
     if (!sample_value(&g->hist[0], type, &dummy)) FAIL(NVML_ERROR_NOT_SUPPORTED);
     *value_type = VT_UINT;
@@ -1486,7 +1518,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, int
 }
 EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int *corr, unsigned int *unc,
                                               unsigned int *pending, unsigned int *failure) {
-    BEGIN(dev) NEED(corr) NEED(unc) NEED(pending) NEED(failure)
+    BEGIN(dev) NEED(corr) NEED(unc) NEED(pending) NEED(failure) MIG_UNSUPPORTED
     if (!g->ecc_supported || !g->row_remapping) FAIL(NVML_ERROR_NOT_SUPPORTED);
     *corr = g->remap_corr_rows;
     *unc = g->remap_unc_rows;
@@ -1550,6 +1582,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t dev, unsigned i
     BEGIN(dev) NEED(value)
     if (!g->nvlink_links) FAIL(NVML_ERROR_NOT_SUPPORTED);
     if (link >= g->nvlink_links) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    if (counter >= 0 && counter < 5 && (g->nvlink_unsupported >> counter & 1)) FAIL(NVML_ERROR_NOT_SUPPORTED);
     switch (counter) {
     case 0: *value = g->nvlink_replay[link]; break;   /* DL_REPLAY */
     case 1: *value = 0; break;                         /* DL_RECOVERY: no link retraining simulated */
@@ -1642,10 +1675,10 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long lon
 
 /* The next event for the set, or 0. Events in the history apply at the first tick boundary at or after their
  * time (like every input), so the set delivers those up to the present tick: g->next_event. */
-static int next_event_for(struct sim_event_set *set, nvmlEventData_t *out) {
-    for (unsigned i = 0; i < g_gpu_count; i++) {
+static int next_event_of(struct sim_event_set *set, unsigned i, nvmlEventData_t *out) {
+    {
         sim_event_reg *r = &set->regs[i];
-        if (!r->mask) continue;
+        if (!r->mask) return 0;
         sim_gpu *g = &g_gpus[i];
         while (r->cursor < g->next_event) {
             const sim_event *e = &g->events[r->cursor++];
@@ -1676,6 +1709,21 @@ static int next_event_for(struct sim_event_set *set, nvmlEventData_t *out) {
             }
         }
     }
+    return 0;
+}
+
+/* The next event for the set, or 0; or, while a registered GPU is failed, that GPU's own queued events (an
+ * XID 79 comes before the loss) and then its failure code (> 1: nvml.h's GPU_IS_LOST, or the other code
+ * `sim fail --answer` gave) in place of any other GPU's event: one lost GPU spoils the whole wait, as
+ * nvml.h's nvmlEventSetWait_v2 allows, so a reader must take it out of the set to hear the others. */
+static int next_event_for(struct sim_event_set *set, nvmlEventData_t *out) {
+    for (unsigned i = 0; i < g_gpu_count; i++) {
+        if (!set->regs[i].mask || !g_gpus[i].failed) continue;
+        if (next_event_of(set, i, out)) return 1;
+        return g_gpus[i].failed;
+    }
+    for (unsigned i = 0; i < g_gpu_count; i++)
+        if (next_event_of(set, i, out)) return 1;
     return 0;
 }
 
@@ -1750,10 +1798,11 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
         if (set->inotify_fd >= 0 && drain_watch(set) && set->unread_tick < 0) set->unread_tick = tick + 1;
         if (tick >= set->check_tick || set->inotify_fd < 0) {
             refresh();
-            if (next_event_for(set, data)) {
+            int found = next_event_for(set, data);
+            if (found) {
                 set->check_tick = 0; /* more may be queued: the next wait looks at once */
                 pthread_mutex_unlock(&g_lock);
-                return NVML_SUCCESS;
+                return found == 1 ? NVML_SUCCESS : found;
             }
             /* every history line written before this tick began is in memory now */
             if (set->unread_tick >= 0 && g_tick >= set->unread_tick) set->unread_tick = -1;

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_for_batches
 from support import clean_env, gpuprobe_command, stays, wait_until
 
 from gpuprobe.sim import state
+from gpuprobe.sim.profiles import PROFILES, with_overrides
+from gpuprobe.sim.runner import SimMachine, open_machine
+from gpuprobe.v1 import telemetry_pb2
 
 
 def test_a_lost_gpu_is_reported_and_the_others_keep_being_sampled(
@@ -233,3 +239,57 @@ def test_field_values_unpacked_in_one_go_read_as_pynvml_reads_them() -> None:
     unpacked = [_unpacked_int(f) for f in _FIELD_VALUE.iter_unpack(bytes(array))]
     assert unpacked == [int(_field_value(array[i])) for i in range(len(cases))]
     assert unpacked == [12345, 4_000_000_000, 2**40 + 5, 2**63 + 7, -5, -7, 65_000]
+
+
+def test_an_unprivileged_agent_on_a_mig_h100_streams_10_hz_without_counting_errors(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    """nvml.h on a MIG-enabled GPU: its memory and process lists answer NO_PERMISSION to a caller without
+    privileges (the agent ships unprivileged), utilization, encoder/decoder, samples, remapped rows and process
+    utilization NOT_SUPPORTED. The simulator answers so to a uid outside its admin_uids (here: this test's
+    own). The agent leaves each such read out once (logged once), reads the memory per MIG instance, and
+    samples at 10 Hz on its fast path with a read-error counter that stays at 0: over 60+ ticks and 6
+    health intervals a read counted per tick or per interval would show (the issue's 60 s show nothing more)."""
+    h100 = with_overrides(PROFILES["H100-SXM5-80GB"], {"mig_instances": "2"})
+    sim = open_machine(tmp_path / "sim", [h100], 0.1, admin_uids=(os.geteuid() + 1,))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _stream_unprivileged_mig(tmp_path, receiver, agent_factory, sim, holder.pid)
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
+def _stream_unprivileged_mig(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory, sim: SimMachine, holder_pid: int
+) -> None:
+    state.set_load(sim.state_dir, 0, 50, holder_pid, 1 << 30)
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    first = wait_for_batches(receiver, lambda got: got if got else {}, "the first batch", agent=agent)
+    start_ns = min(s.time_unix_ns for b in first.values() for s in b.gpu_samples)
+
+    def ticks(batches: dict[int, telemetry_pb2.SampleBatch]) -> list[int]:
+        return sorted(s.time_unix_ns for b in batches.values() for s in b.gpu_samples if s.time_unix_ns >= start_ns)
+
+    wait_for_batches(receiver, lambda got: len(ticks(got)) >= 65, "65 samples after the first batch", agent=agent)
+    assert agent.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    times = ticks(batches)
+    span_s = (times[-1] - times[0]) / 1e9
+    assert len(times) >= 0.9 * span_s * 10, f"{len(times)} samples in {span_s:.1f} s: 10 Hz"
+    assert sum(b.stats.read_errors for b in batches.values()) == 0, "no read error counted, per tick or at all"
+    samples = [s for b in batches.values() for s in b.gpu_samples]
+    assert all(s.HasField("power_w") and s.HasField("temp_c") and s.HasField("sm_clock_mhz") for s in samples)
+    assert not any(s.HasField("mem_used_bytes") or s.HasField("util_pct") for s in samples), "no fake values"
+    migs = [m for b in batches.values() for m in b.mig_samples]
+    assert len({m.gpu_instance_id for m in migs}) == 2 and all(m.mem_total_bytes > 0 for m in migs)
+    log = agent.log()
+    assert log.count("mem_used_bytes may not be read by this user") == 1, "logged once"
+    assert log.count("util_pct is not supported") == 1
+    assert log.count("remapped_rows is not supported") == 1
+    # the GPU's process list needs privileges; its MIG instances' lists do not
+    assert log.count("processes may not be read by this user") == 1
+    points = [p for b in batches.values() for p in b.process_samples if p.pid == holder_pid]
+    assert points and points[0].used_memory_bytes == 1 << 30, "the process, from its MIG instance's list"
+    assert not re.search(r"reading \w+ failed", log), "no read failure logged"

@@ -19,8 +19,9 @@ from agent_helpers import AgentFactory, Receiver, batch_samples, machine, unique
 from gpuprobe.agent.health import DEGRADED, FAILED, HEALTHY, HealthTracker
 from gpuprobe.agent.sensors.events import lost_event, xid_text
 from gpuprobe.agent.sensors.processes import ProcessTracker
-from gpuprobe.nvml.sensor import ProcessRead
+from gpuprobe.nvml.sensor import NVLINK_ERROR_COUNTERS, ProcessRead
 from gpuprobe.sim import state
+from gpuprobe.sim.profiles import PROFILES, with_overrides
 from gpuprobe.v1 import telemetry_pb2
 
 XID = telemetry_pb2.GPU_EVENT_KIND_XID
@@ -335,3 +336,73 @@ def test_mig_instances_once_per_health_interval(
     assert all(m.mig_uuid.startswith("MIG-") and "MIG" in m.name and m.mem_total_bytes > 0 for m in migs)
     per_read = len(migs) / len(health_samples(batches, 0))
     assert per_read == 2, "one MigSample per GPU instance per health read"
+
+
+def test_an_unsupported_nvlink_counter_is_left_out_alone_and_the_others_are_kept(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    """nvml.h: the DL error counters can be NOT_SUPPORTED one by one (Blackwell and newer). A GPU whose
+    DL_CRC_DATA counter (and its total field) answers so keeps its replay, recovery and CRC flit counters,
+    their health rule still fires, and the unsupported one is logged once and never counted as an error."""
+    crc_data = dict(NVLINK_ERROR_COUNTERS)["crc_data_errors"]
+    h100 = with_overrides(PROFILES["H100-SXM5-80GB"], {"nvlink_unsupported_counters": str(1 << crc_data)})
+    sim = machine(tmp_path / "sim", [h100])
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+
+    def link3(batches: dict[int, telemetry_pb2.SampleBatch]) -> list[telemetry_pb2.NvLinkSample]:
+        return [n for b in batches.values() for n in b.nvlink_samples if n.link == 3]
+
+    wait_for_batches(receiver, health_reads(range(1), 2), "two health reads", agent=agent)
+    state.inject_nvlink_errors(sim.state_dir, 0, 3, 5)
+    agent.wait_for_log(r"GPU 0 health: degraded \(NVLink CRC/replay errors grew in the last 60 s\)")
+    wait_for_batches(
+        receiver,
+        lambda b: any(n.crc_flit_errors == 5 for n in link3(b)),
+        "link 3's point after the errors",
+        agent=agent,
+    )
+    assert agent.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    points = link3(batches)
+    assert points[0].crc_flit_errors == 0 and points[-1].crc_flit_errors == 5 and points[-1].replay_errors == 5
+    for point in points:
+        assert point.HasField("replay_errors") and point.HasField("recovery_errors")
+        assert not point.HasField("crc_data_errors"), "no fake zero for the unsupported counter"
+    log = agent.log()
+    assert log.count("nvlink crc_data_errors is not supported") == 1, "logged once"
+    assert "nvlink replay_errors is not supported" not in log
+    assert sum(b.stats.read_errors for b in batches.values()) == 0, "an unsupported counter is no read error"
+
+
+def test_a_lost_gpu_is_taken_out_of_the_event_set_and_the_others_keep_their_events(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    """nvml.h: nvmlEventSetWait_v2 may answer GPU_IS_LOST, and the simulator does so while a registered GPU
+    is lost. The agent makes its set again without that GPU, so the other GPUs' XID and ECC events still
+    arrive, and registers the GPU again once it answers."""
+    sim = machine(tmp_path / "sim", ["A100-SXM4-80GB"] * 3)
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    agent.wait_for_log(r"GPU 2 .*NVML events 0x[0-9a-f]+ registered")
+    state.set_failed(sim.state_dir, 1, True)
+    agent.wait_for_log(r"GPU 1 .* is taken out of the NVML event set \(it answers GPU_IS_LOST\)")
+    state.inject_xid(sim.state_dir, 0, 13)
+    state.inject_ecc(sim.state_dir, 2, double_bit=False)
+
+    def events(batches: dict[int, telemetry_pb2.SampleBatch]) -> list[tuple[int, int, int]]:
+        return [(e.gpu_index, e.kind, e.data) for b in batches.values() for e in b.gpu_events]
+
+    single = telemetry_pb2.GPU_EVENT_KIND_ECC_SINGLE_BIT
+    wait_for_batches(
+        receiver,
+        lambda b: (0, XID, 13) in events(b) and any(e[:2] == (2, single) for e in events(b)),
+        "GPU 0's XID and GPU 2's ECC event while GPU 1 is lost",
+        agent=agent,
+    )
+    state.set_failed(sim.state_dir, 1, False)
+    agent.wait_for_log(r"GPU 1 .* answers again: its NVML events are registered again")
+    state.inject_xid(sim.state_dir, 1, 31)
+    wait_for_batches(receiver, lambda b: (1, XID, 31) in events(b), "GPU 1's XID once it answers", agent=agent)
+    assert agent.terminate() == 0
+    assert agent.log().count("is taken out of the NVML event set") == 1

@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import clean_env, gpuprobe_command
+from support import clean_env, gpuprobe_command, stays
 
 from gpuprobe.control import mqtt, operator_side, topics
 from gpuprobe.control.gpus import LOST_REASON
+from gpuprobe.nvml.errors import gone_reason
 from gpuprobe.sim import state
 from gpuprobe.v1 import common_pb2, control_pb2
 
@@ -249,6 +252,77 @@ def test_the_agent_shows_an_xid_79_failure_in_gpuprobe_fleet_within_2_s(
         assert table.returncode == 0, table.stderr
         assert column(table.stdout, host, "HEALTH") == "1 failed"
         assert f"{host}: GPU 1 failed: {reason}" in table.stdout.splitlines()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # `sim run` forwards it to the agent
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _agent_metric(log_path: Path, name: str) -> float:
+    """One of the agent's Prometheus counters (it was started with ``--metrics-listen 127.0.0.1:0``)."""
+    port = re.search(r"Prometheus metrics on http://127\.0\.0\.1:(\d+)/metrics", log_path.read_text(errors="replace"))
+    assert port, "the agent logged no metrics address"
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=10).read().decode()
+    found = re.search(rf"^{name} (\S+)$", body, re.M)
+    assert found, f"{name} not among the agent's metrics"
+    return float(found.group(1))
+
+
+@pytest.mark.slow
+def test_every_gone_answer_fails_the_gpu_in_gpuprobe_fleet_within_2_s_and_it_rejoins(
+    tmp_path: Path, operator_key: Any, cli: Any, mqtt_broker: Any
+) -> None:
+    """nvml.h's answers after which a GPU gives nothing (RESET_REQUIRED, DRIVER_NOT_LOADED,
+    LIB_RM_VERSION_MISMATCH, UNKNOWN, GPU_IS_LOST), each through `gpuprobe sim fail --answer`: the real
+    agent's GPU is failed with that reason in its presence and in `gpuprobe fleet` within 2 s, the outage is
+    one read error rather than one per tick, and the GPU is healthy again once it answers."""
+    host = f"gone-{uuid.uuid4().hex[:6]}"
+    sim_dir = tmp_path / "sim"
+    log_path = tmp_path / "agent.log"
+    argv = [
+        *gpuprobe_command(), "sim", "run", "--profile", "L4,L4", "--state-dir", str(sim_dir), "--",
+        *gpuprobe_command(), "--log-level", "info", "agent", "--host", host, "--collector", "127.0.0.1:9",
+        "--broker", mqtt_broker.url, "--trusted-keys", str(operator_key.public), "--spool", str(tmp_path / "spool"),
+        "--presence-interval", "60", "--mqtt-reconnect-max", "1", "--metrics-listen", "127.0.0.1:0",
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, env=clean_env(), stdout=log, stderr=subprocess.STDOUT)
+
+    def sim_fail(*args: str) -> int:
+        done = subprocess.run(
+            [*gpuprobe_command(), "sim", "fail", "--state-dir", str(sim_dir), "--gpu", "1", *args],
+            env=clean_env(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return int((sim_dir / "gpu1.events").read_text().splitlines()[-1].split()[0])  # the change's own time
+
+    try:
+        try:
+            presence_until(mqtt_broker.url, host, all_healthy(2), 60)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n--- agent log\n{log_path.read_text(errors='replace')[-6000:]}") from None
+        for answer, code in state.FAIL_ANSWERS.items():
+            errors_before = _agent_metric(log_path, "gpuprobe_agent_read_errors_total")
+            failed, failed_at_ns = presence_until(
+                mqtt_broker.url, host, gpu_failed(1), 5, act=lambda a=answer: sim_fail("--answer", a)
+            )
+            assert (failed.last_seen_unix_ns - failed_at_ns) / 1e9 < 2.0, answer
+            assert health_of(failed) == {0: (HEALTHY, ""), 1: (FAILED, gone_reason(code))}
+            table = cli("fleet")
+            assert table.returncode == 0, table.stderr
+            assert column(table.stdout, host, "HEALTH") == "1 failed"
+            assert f"{host}: GPU 1 failed: {gone_reason(code)}" in table.stdout.splitlines()
+            # 15 ticks of the lost GPU (and its retries once a second) are still the one error of its loss
+            stays(
+                lambda b=errors_before: _agent_metric(log_path, "gpuprobe_agent_read_errors_total") <= b + 1,
+                1.5,
+                f"read errors not counted per tick while GPU 1 answers {answer.upper()}",
+            )
+            presence_until(mqtt_broker.url, host, all_healthy(2), 5, act=lambda: sim_fail("--recover"))
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)  # `sim run` forwards it to the agent

@@ -4,16 +4,20 @@ counters, remapped rows and retired pages, NVLink, violation time, GPM, MIG, and
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
 from typing import Any
 
+import pynvml
 import pytest
 from support import gpuprobe_command
 
-from gpuprobe.sim.profiles import PROFILES, WORKLOAD_ACTIVITY, WORKLOAD_IDS
+from gpuprobe.sim import state
+from gpuprobe.sim.profiles import PROFILES, WORKLOAD_ACTIVITY, WORKLOAD_IDS, with_overrides
+from gpuprobe.sim.runner import open_machine
 
 Sim = Any  # tests/sim/conftest.py's Sim helper (the `sim` fixture)
 
@@ -520,3 +524,98 @@ def test_the_documented_workload_table_is_the_simulators() -> None:
         name, _, wid = cells[0].partition(" (")
         documented[name] = (int(wid.rstrip(")")), tuple(float(c) for c in cells[1:]))
     assert documented == {name: (WORKLOAD_IDS[name], ratios) for name, ratios in WORKLOAD_ACTIVITY.items()}
+
+
+ANSWER_OF = """
+def answer(read):
+    try:
+        read()
+    except N.NVMLError as e:
+        return int(e.value)
+    return 0
+"""
+
+
+def test_a_mig_gpu_answers_as_nvml_h_documents_privileged_or_not(sim: Sim, tmp_path: Path) -> None:
+    """docs/simulator.md, "MIG": on the MIG-enabled GPU's own handle, the aggregate memory and process lists
+    need privileges (NO_PERMISSION otherwise) and the MIG-unsupported reads answer NOT_SUPPORTED to all;
+    the MIG instances' memory and the GPU's power stay readable."""
+    snippet = child(
+        ANSWER_OF,
+        """
+        h = H[0]
+        mig = N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+        emit(dict(
+            mem=answer(lambda: N.nvmlDeviceGetMemoryInfo(h)),
+            mem_v2=answer(lambda: N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)),
+            compute=answer(lambda: N.nvmlDeviceGetComputeRunningProcesses(h)),
+            graphics=answer(lambda: N.nvmlDeviceGetGraphicsRunningProcesses(h)),
+            mps=answer(lambda: N.nvmlDeviceGetMPSComputeRunningProcesses(h)),
+            util=answer(lambda: N.nvmlDeviceGetUtilizationRates(h)),
+            enc=answer(lambda: N.nvmlDeviceGetEncoderUtilization(h)),
+            dec=answer(lambda: N.nvmlDeviceGetDecoderUtilization(h)),
+            samples=answer(lambda: N.nvmlDeviceGetSamples(h, N.NVML_GPU_UTILIZATION_SAMPLES, 0)),
+            power_samples=answer(lambda: N.nvmlDeviceGetSamples(h, N.NVML_TOTAL_POWER_SAMPLES, 0)),
+            remap=answer(lambda: N.nvmlDeviceGetRemappedRows(h)),
+            process_util=answer(lambda: N.nvmlDeviceGetProcessUtilization(h, 0)),
+            mig_mem=answer(lambda: N.nvmlDeviceGetMemoryInfo(mig)),
+            mig_processes=answer(lambda: N.nvmlDeviceGetComputeRunningProcesses(mig)),
+            power=answer(lambda: N.nvmlDeviceGetPowerUsage(h)),
+        ))
+        """,
+    )
+    h100 = with_overrides(PROFILES["H100-SXM5-80GB"], {"mig_instances": "2"})
+    unprivileged = open_machine(tmp_path / "unprivileged", [h100], PERIOD_S, admin_uids=(os.geteuid() + 1,))
+    denied, unsupported = pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_NOT_SUPPORTED
+    mig_unsupported = dict.fromkeys(("util", "enc", "dec", "samples", "remap", "process_util"), unsupported)
+    readable = {"power_samples": 0, "mig_mem": 0, "mig_processes": 0, "power": 0}
+    assert sim.run(unprivileged, snippet) == {
+        **dict.fromkeys(("mem", "mem_v2", "compute", "graphics", "mps"), denied),
+        **mig_unsupported,
+        **readable,
+    }
+    privileged = sim.machine("H100-SXM5-80GB", gpus=1, period_s=PERIOD_S, mig_instances=2)
+    assert sim.run(privileged, snippet) == {
+        **dict.fromkeys(("mem", "mem_v2", "compute", "graphics", "mps"), 0),
+        **mig_unsupported,
+        **readable,
+    }
+
+
+def test_gone_answers_and_the_event_wait_of_a_set_with_a_lost_gpu(sim: Sim) -> None:
+    """`sim fail --answer` makes every query of the GPU answer that code; a wait on a set with the failed
+    GPU registered answers it too (nvml.h's nvmlEventSetWait_v2: GPU_IS_LOST), while a set without it waits
+    as before; --recover brings both back."""
+    machine = sim.machine("A100-SXM4-80GB", gpus=2, period_s=PERIOD_S)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            ANSWER_OF,
+            """
+        def new_set(*handles):
+            es = N.nvmlEventSetCreate()
+            for h in handles:
+                N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+            return es
+        both, first = new_set(H[0], H[1]), new_set(H[0])
+        seen = {}
+        for answer_name in ("reset_required", "driver_not_loaded", "lib_rm_version_mismatch", "unknown", "gpu_is_lost"):
+            sim_cli("fail", "--gpu", "1", "--answer", answer_name)
+            time.sleep(0.25)  # the next tick
+            seen[answer_name] = dict(
+                power=answer(lambda: N.nvmlDeviceGetPowerUsage(H[1])),
+                other=answer(lambda: N.nvmlDeviceGetPowerUsage(H[0])),
+                wait_both=answer(lambda: N.nvmlEventSetWait_v2(both, 50)),
+                wait_first=answer(lambda: N.nvmlEventSetWait_v2(first, 50)),
+            )
+            sim_cli("fail", "--gpu", "1", "--recover")
+            time.sleep(0.25)
+        emit(dict(seen=seen, after=answer(lambda: N.nvmlEventSetWait_v2(both, 50))))
+        """,
+        ),
+    )
+    timeout = pynvml.NVML_ERROR_TIMEOUT
+    for name, code in state.FAIL_ANSWERS.items():
+        assert out["seen"][name] == {"power": code, "other": 0, "wait_both": code, "wait_first": timeout}, name
+    assert out["after"] == timeout, "a set whose GPUs all answer waits again"
