@@ -391,7 +391,61 @@ def check_config_text(config_text: str) -> str | None:
     return None
 
 
+def _run_certs(values: dict[str, Any], args: argparse.Namespace) -> int:
+    from gpuprobe.collector import certs
+
+    return certs.run(values)
+
+
+CERTS_OPTIONS = [
+    Option("out", "folder to write the files into (made if missing)", _path, metavar="DIR"),
+    Option(
+        "server_name",
+        "a DNS name or IP address clients connect to (the collector's, the broker's); repeatable",
+        multiple=True,
+        default=[],
+        metavar="NAME",
+    ),
+    Option(
+        "node",
+        "a node name (its agent's --host): a client certificate and a token; repeatable",
+        multiple=True,
+        default=[],
+        metavar="NAME",
+    ),
+    Option("days", "how long the certificates are valid, in days", float, 365.0, metavar="DAYS"),
+    Option(
+        "force",
+        "replace existing files (the certificates and tokens in use stop working)",
+        is_flag=True,
+        default=False,
+        flag_only=True,
+    ),
+]
+
+CERTS_DESCRIPTION = """\
+Makes the certificates and tokens of a TLS set-up in --out DIR. Files:
+ca.crt (0644): the CA, given to agents (--tls-ca), the collector (--tls-client-ca), Mosquitto (cafile) and
+operators (--mqtt-ca);
+ca.key (0600): signs the certificates; no service reads it, keep it offline;
+server.crt, server.key (0644, 0600): the server certificate for every --server-name, for the collector
+(--tls-cert, --tls-key), Mosquitto (certfile, keyfile) and InfluxDB (https-certificate, https-private-key);
+tokens (0600): the collector's --tokens-file, one 'AGENT_ID TOKEN' line per node;
+nodes/NODE.crt, nodes/NODE.key, nodes/NODE.token (0644, 0600, 0600): the agent's --tls-cert, --tls-key and
+--token-file on each --node (the certificate's name is the node's, for --tls-bind-agent-id).
+Keys and tokens are 0600 and belong to whoever runs this, which is what a service started by that user reads.
+A service that runs as its own user needs its own copy, owned by it: for Mosquitto as the mosquitto user,
+install -o mosquitto -m 0600 DIR/server.key /etc/mosquitto/gpuprobe/server.key (likewise -o influxdb,
+-o gpuprobe). Refuses to replace existing files without --force. See docs/setup.md."""
+
 COMMANDS = [
+    Command(
+        name="certs",
+        help="make a CA, a server certificate, and a client certificate and token per node",
+        description=CERTS_DESCRIPTION,
+        run=_run_certs,
+        options=CERTS_OPTIONS,
+    ),
     Command(
         name="collector",
         help="run the collector: authenticated gRPC ingest from agents into InfluxDB",
