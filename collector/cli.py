@@ -435,8 +435,9 @@ nodes/NODE.crt, nodes/NODE.key, nodes/NODE.token (0644, 0600, 0600): the agent's
 --token-file on each --node (the certificate's name is the node's, for --tls-bind-agent-id).
 Keys and tokens are 0600 and belong to whoever runs this, which is what a service started by that user reads.
 A service that runs as its own user needs its own copy, owned by it: for Mosquitto as the mosquitto user,
-install -o mosquitto -m 0600 DIR/server.key /etc/mosquitto/gpuprobe/server.key (likewise -o influxdb,
--o gpuprobe). Refuses to replace existing files without --force. See docs/setup.md."""
+install -o mosquitto -m 0600 DIR/server.key /etc/mosquitto/gpuprobe/server.key (likewise -o influxdb);
+the gpuprobe services read theirs as their group: install -o root -g gpuprobe -m 0640.
+Refuses to replace existing files without --force. See docs/setup.md."""
 
 COMMANDS = [
     Command(

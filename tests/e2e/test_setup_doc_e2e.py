@@ -89,7 +89,10 @@ def test_the_commands_of_docs_setup_md_reach_a_stored_probe_and_a_model_report(t
     report = trial / "report" / "first-probe.html"
     assert report.exists() and report.stat().st_size > 10_000, logs()
     numbers = json.loads((trial / "report" / "first-probe.json").read_text())
-    assert numbers, logs()
+    assert numbers["probe"] == "first-probe"
+    # each node's GPU has a thermal fit from the samples that came through the collector
+    assert {g["host"] for g in numbers["gpus"] if g["thermal"]} == {"node-a", "node-b"}, numbers["gpus"]
+    assert all(n["samples_per_s"] > 0 for n in numbers["nodes"]), numbers["nodes"]
     # the probe is stored: every node's trainer points and the probe's phases, through the TLS collector
     for name in ("collector", "node-a", "node-b"):
         assert "UNAUTHENTICATED" not in (trial / f"{name}.log").read_text()
