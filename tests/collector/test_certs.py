@@ -4,12 +4,19 @@ real collector and agent over mutual TLS with the tokens, and a real Mosquitto's
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
+import shutil
 import signal
+import socket
+import ssl
 import stat
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from collector_helpers import CollectorProcess
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -149,3 +156,73 @@ def test_the_files_carry_mutual_tls_and_tokens_between_collector_and_agent_and_s
         )  # fmt: skip
         assert fleet.returncode == 0, fleet.stderr
         assert fleet.stdout.strip() == "[]"
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _tls_handshake(port: int, ca: Path) -> bool:
+    context = ssl.create_default_context(cafile=str(ca))
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=1) as raw,
+            context.wrap_socket(raw, server_hostname="localhost"),
+        ):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts Mosquitto as root, which then runs as the mosquitto user")
+@pytest.mark.skipif(not _has_user("mosquitto"), reason="no mosquitto user (Debian's mosquitto package makes it)")
+def test_mosquitto_as_its_own_user_reads_the_server_key_once_handed_over_as_the_help_says(tmp_path: Path) -> None:
+    """Mosquitto started as root switches to the mosquitto user before it loads its certificates: the
+    0600 key of the user who ran `gpuprobe certs` is unreadable to it, the copy made with
+    `install -o mosquitto -m 0600` (gpuprobe certs --help) is read."""
+    out = tmp_path / "pki"
+    assert certs(out).returncode == 0
+    help_text = subprocess.run(
+        [*gpuprobe_command(), "certs", "--help"], env=clean_env(), capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "install -o mosquitto -m 0600" in " ".join(help_text.split())
+    # what the mosquitto user can reach (pytest's own folders are root's alone)
+    etc = Path(tempfile.mkdtemp(prefix="gpuprobe-certs-test-"))
+    try:
+        etc.chmod(0o755)
+        for name in ("ca.crt", "server.crt"):
+            shutil.copy(out / name, etc / name)
+        shutil.copy(out / "server.key", etc / "server.key")  # as written: root's, 0600
+        assert mode(etc / "server.key") == 0o600 and (etc / "server.key").stat().st_uid == 0
+        port = free_port()
+        conf = etc / "mosquitto.conf"
+        conf.write_text(
+            f"user mosquitto\npersistence false\nallow_anonymous true\nlistener {port} 127.0.0.1\n"
+            f"cafile {etc / 'ca.crt'}\ncertfile {etc / 'server.crt'}\nkeyfile {etc / 'server.key'}\n"
+        )
+        refused = subprocess.run(["mosquitto", "-c", str(conf)], capture_output=True, text=True, timeout=30)
+        assert refused.returncode != 0
+        assert "Unable to load server key file" in refused.stdout + refused.stderr
+
+        (etc / "server.key").unlink()
+        handed = subprocess.run(
+            ["install", "-o", "mosquitto", "-m", "0600", str(out / "server.key"), str(etc / "server.key")], check=False
+        )
+        assert handed.returncode == 0
+        broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_until(
+                lambda: broker.poll() is None and _tls_handshake(port, out / "ca.crt"),
+                20,
+                "a TLS handshake with Mosquitto running as the mosquitto user",
+                describe=lambda: "exited" if broker.poll() is not None else "running",
+            )
+        finally:
+            broker.terminate()
+            broker.wait(10)
+    finally:
+        shutil.rmtree(etc)
