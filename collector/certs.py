@@ -73,14 +73,35 @@ class Layout:
             False,
             "the CA: agents --tls-ca, collector --tls-client-ca, Mosquitto cafile, operators --mqtt-ca",
         )
-        yield CertFile(self.ca_key, True, "signs the certificates; keep it offline, no service reads it")
-        yield CertFile(self.server_cert, False, "collector --tls-cert; Mosquitto certfile; InfluxDB https-certificate")
-        yield CertFile(self.server_key, True, "collector --tls-key; Mosquitto keyfile; InfluxDB https-private-key")
-        yield CertFile(self.tokens, True, "collector --tokens-file (one 'AGENT_ID TOKEN' per node)")
+        yield CertFile(self.ca_key, True, "signs the certificates; no service reads it: keep it offline")
+        yield CertFile(
+            self.server_cert,
+            False,
+            "for every --server-name: collector --tls-cert, Mosquitto certfile, InfluxDB https-certificate",
+        )
+        yield CertFile(
+            self.server_key, True, "its key: collector --tls-key, Mosquitto keyfile, InfluxDB https-private-key"
+        )
+        yield CertFile(self.tokens, True, "the collector's --tokens-file, one 'AGENT_ID TOKEN' line per node")
         for node in self.nodes:
-            yield CertFile(self.node_cert(node), False, f"agent --tls-cert (and --mqtt-cert) on {node}")
-            yield CertFile(self.node_key(node), True, f"agent --tls-key (and --mqtt-key) on {node}")
+            yield CertFile(
+                self.node_cert(node),
+                False,
+                f"agent --tls-cert (or --mqtt-cert) on {node}; its name is {node}, for --tls-bind-agent-id",
+            )
+            yield CertFile(self.node_key(node), True, f"agent --tls-key (or --mqtt-key) on {node}")
             yield CertFile(self.node_token(node), True, f"agent --token-file on {node}")
+
+
+def file_table(files: list[CertFile], indent: str = "") -> str:
+    """One line per file: its path, its mode and what it is for (the help and the command's output)."""
+    width = max(len(str(f.path)) for f in files)
+    return "\n".join(f"{indent}{f.path!s:<{width}}  {'0600' if f.private else '0644'}  {f.purpose}" for f in files)
+
+
+def help_table() -> str:
+    """The files of ``--out DIR`` for ``--help``, one node standing for each."""
+    return file_table(list(Layout(Path("."), ("NODE",)).files()), indent="  ")
 
 
 def check_node_names(nodes: list[str]) -> tuple[str, ...]:
@@ -103,12 +124,7 @@ def write_all(layout: Layout, server_names: list[str], days: float, force: bool)
 
     files = list(layout.files())
     if not force:
-        existing = [f.path for f in files if f.path.exists()]
-        if existing:
-            raise ConfigError(
-                f"{existing[0]} exists{f' (and {len(existing) - 1} more)' if len(existing) > 1 else ''}; "
-                "use --force to replace them (the certificates and tokens in use stop working)"
-            )
+        _refuse_existing([f.path for f in files])
     (layout.out / "nodes").mkdir(parents=True, exist_ok=True)
     ca = pki.new_ca("gpuprobe CA", days)
     pki.write_pair(ca, layout.ca_cert, layout.ca_key)
@@ -122,6 +138,46 @@ def write_all(layout: Layout, server_names: list[str], days: float, force: bool)
     return files
 
 
+def add_nodes(layout: Layout, days: float) -> list[CertFile]:
+    """Sign ``layout.nodes`` with the CA already in ``layout.out`` and add their tokens to its tokens
+    file (the collector reads it again when it changes: no restart). Nodes that have files or a token
+    already are refused."""
+    from gpuprobe import pki
+    from gpuprobe.collector.auth import AuthConfigError, format_tokens, new_token, parse_tokens
+
+    if not layout.nodes:
+        raise ConfigError(f"{layout.ca_cert} exists: give --node NAME to add nodes, or --force to start anew")
+    node_files = [f for f in layout.files() if f.path.parent == layout.out / "nodes"]
+    _refuse_existing(
+        [f.path for f in node_files],
+        "the node has its files already: choose another name, or delete its files and its line in tokens first",
+    )
+    try:
+        ca = pki.load(layout.ca_cert, layout.ca_key)
+        tokens = parse_tokens(layout.tokens.read_text(), str(layout.tokens)) if layout.tokens.exists() else {}
+    except (ValueError, AuthConfigError) as e:
+        raise ConfigError(str(e)) from None
+    listed = [node for node in layout.nodes if node in tokens]
+    if listed:
+        raise ConfigError(f"{layout.tokens} already has a token for {listed[0]}")
+    (layout.out / "nodes").mkdir(parents=True, exist_ok=True)
+    for node in layout.nodes:
+        tokens[node] = new_token()
+        pki.write_pair(pki.issue(ca, node, days), layout.node_cert(node), layout.node_key(node))
+        pki.write_private(layout.node_token(node), (tokens[node] + "\n").encode())
+    pki.write_private(layout.tokens, format_tokens(tokens).encode())
+    return [*node_files, *(f for f in layout.files() if f.path == layout.tokens)]
+
+
+def _refuse_existing(
+    paths: list[Path], hint: str = "use --force to replace them (the certificates and tokens in use stop working)"
+) -> None:
+    existing = [p for p in paths if p.exists()]
+    if existing:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise ConfigError(f"{existing[0]} exists{more}; {hint}")
+
+
 def run(values: dict[str, Any]) -> int:
     def fail(message: str) -> int:
         print(f"gpuprobe certs: error: {message}", file=sys.stderr)
@@ -130,23 +186,32 @@ def run(values: dict[str, Any]) -> int:
     if values["out"] is None:
         return fail("--out DIR is required")
     server_names: list[str] = values["server_name"] or []
-    if not server_names:
-        return fail("give the names clients connect to: --server-name NAME (DNS name or IP address, repeatable)")
     if values["days"] <= 0:
         return fail("--days must be positive")
     try:
         layout = Layout(Path(values["out"]), check_node_names(values["node"] or []))
-        files = write_all(layout, server_names, values["days"], values["force"])
+        # a CA already there and no server names: more nodes for the same CA and tokens file
+        adding = not server_names and not values["force"] and layout.ca_cert.exists() and layout.ca_key.exists()
+        if not adding and not server_names:
+            return fail("give the names clients connect to: --server-name NAME (DNS name or IP address, repeatable)")
+        if adding:
+            files = add_nodes(layout, values["days"])
+        else:
+            files = write_all(layout, server_names, values["days"], values["force"])
     except ConfigError as e:
         return fail(str(e))
     except OSError as e:
         return fail(f"cannot write {e.filename}: {e.strerror}")
-    width = max(len(str(f.path)) for f in files)
-    for f in files:
-        print(f"{f.path!s:<{width}}  {'0600' if f.private else '0644'}  {f.purpose}")
-    print(
-        f"\nserver certificate for: {', '.join(server_names)}; valid {values['days']:g} days."
-        "\nThe 0600 files belong to you: a service that runs as its own user needs its own copy, e.g."
-        f"\n  install -o mosquitto -m 0600 {layout.server_key} /etc/mosquitto/gpuprobe/server.key"
-    )
+    print(file_table(files))
+    if adding:
+        print(
+            f"\nsigned by {layout.ca_cert}; valid {values['days']:g} days. Copy {layout.tokens} over the collector's"
+            " --tokens-file: it is read again when it changes, no restart."
+        )
+    else:
+        print(
+            f"\nserver certificate for: {', '.join(server_names)}; valid {values['days']:g} days."
+            "\nThe 0600 files belong to you: a service that runs as its own user needs its own copy, e.g."
+            f"\n  install -o mosquitto -m 0600 {layout.server_key} /etc/mosquitto/gpuprobe/server.key"
+        )
     return 0

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuprobe.collector import certs
 from gpuprobe.collector.install import INSTALL_OPTIONS
 from gpuprobe.config import Command, Option, format_duration, parse_duration, parse_duration_or_none
 
@@ -392,8 +393,6 @@ def check_config_text(config_text: str) -> str | None:
 
 
 def _run_certs(values: dict[str, Any], args: argparse.Namespace) -> int:
-    from gpuprobe.collector import certs
-
     return certs.run(values)
 
 
@@ -423,20 +422,16 @@ CERTS_OPTIONS = [
     ),
 ]
 
-CERTS_DESCRIPTION = """\
-Makes the certificates and tokens of a TLS set-up in --out DIR. Files:
-ca.crt (0644): the CA, given to agents (--tls-ca), the collector (--tls-client-ca), Mosquitto (cafile) and
-operators (--mqtt-ca);
-ca.key (0600): signs the certificates; no service reads it, keep it offline;
-server.crt, server.key (0644, 0600): the server certificate for every --server-name, for the collector
-(--tls-cert, --tls-key), Mosquitto (certfile, keyfile) and InfluxDB (https-certificate, https-private-key);
-tokens (0600): the collector's --tokens-file, one 'AGENT_ID TOKEN' line per node;
-nodes/NODE.crt, nodes/NODE.key, nodes/NODE.token (0644, 0600, 0600): the agent's --tls-cert, --tls-key and
---token-file on each --node (the certificate's name is the node's, for --tls-bind-agent-id).
-Keys and tokens are 0600 and belong to whoever runs this, which is what a service started by that user reads.
-A service that runs as its own user needs its own copy, owned by it: for Mosquitto as the mosquitto user,
-install -o mosquitto -m 0600 DIR/server.key /etc/mosquitto/gpuprobe/server.key (likewise -o influxdb);
-the gpuprobe services read theirs as their group: install -o root -g gpuprobe -m 0640.
+CERTS_DESCRIPTION = f"""\
+Makes the certificates and tokens of a TLS set-up in --out DIR:
+
+{certs.help_table()}
+
+Keys and tokens belong to whoever runs this, which is what a service started by that user reads.
+A service that runs as its own user needs its own copy, owned by it; for Mosquitto:
+  install -o mosquitto -m 0600 DIR/server.key /etc/mosquitto/gpuprobe/server.key
+(likewise -o influxdb); the gpuprobe services read theirs as their group:
+  install -o root -g gpuprobe -m 0640 DIR/nodes/NODE.key /etc/gpuprobe/agent.key
 Refuses to replace existing files without --force. See docs/setup.md."""
 
 COMMANDS = [
@@ -444,6 +439,7 @@ COMMANDS = [
         name="certs",
         help="make a CA, a server certificate, and a client certificate and token per node",
         description=CERTS_DESCRIPTION,
+        raw_description=True,
         run=_run_certs,
         options=CERTS_OPTIONS,
     ),

@@ -119,6 +119,15 @@ def issue(ca: Issued, common_name: str, days: float, *, server_names: Sequence[s
     return Issued(_validity(builder, days).sign(ca.key, hashes.SHA256()), key)
 
 
+def load(cert_path: Path, key_path: Path) -> Issued:
+    """A certificate and its key from PEM files (a CA made earlier, to sign more certificates)."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != cert.public_key():
+        raise ValueError(f"{key_path} is not the ECDSA key of {cert_path}")
+    return Issued(cert, key)
+
+
 def write_private(path: Path, data: bytes) -> None:
     """Write a secret (a private key, a token) created with mode 0600, so it is never readable by
     others, not even for a moment; replaces ``path`` atomically."""

@@ -226,3 +226,34 @@ def test_mosquitto_as_its_own_user_reads_the_server_key_once_handed_over_as_the_
             broker.wait(10)
     finally:
         shutil.rmtree(etc)
+
+
+def test_run_again_with_only_node_names_adds_nodes_signed_by_the_same_ca(tmp_path: Path) -> None:
+    out = tmp_path / "pki"
+    assert certs(out).returncode == 0
+    before = parse_tokens((out / "tokens").read_text(), "tokens")
+    ca_before = (out / "ca.crt").read_bytes()
+
+    def again(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*gpuprobe_command(), "certs", "--out", str(out), *args],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    added = again("--node", "node-c")
+    assert added.returncode == 0, added.stderr
+    after = parse_tokens((out / "tokens").read_text(), "tokens")
+    assert {k: v for k, v in after.items() if k != "node-c"} == before
+    assert after["node-c"] == (out / "nodes" / "node-c.token").read_text().strip()
+    assert (out / "ca.crt").read_bytes() == ca_before
+    cert(out / "nodes" / "node-c.crt").verify_directly_issued_by(cert(out / "ca.crt"))
+    assert mode(out / "tokens") == 0o600 and mode(out / "nodes" / "node-c.key") == 0o600
+
+    twice = again("--node", "node-c")
+    assert twice.returncode == 2 and "the node has its files already" in twice.stderr
+    nothing = again()
+    assert nothing.returncode == 2 and "give --node NAME to add nodes" in nothing.stderr
+    assert parse_tokens((out / "tokens").read_text(), "tokens") == after
