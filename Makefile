@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := influxdb mosquitto libportaudio2 sox gcc chromium systemd faketime prometheus
+APT_PACKAGES := influxdb mosquitto libportaudio2 sox gcc chromium systemd faketime prometheus curl openssl
 STAMP := $(VENV)/.installed
 
 .PHONY: help demo test deps system-deps venv node sim proto lint typecheck unit clean

@@ -20,9 +20,10 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import secrets
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,18 @@ def parse_tokens(text: str, source: str) -> dict[str, str]:
             )
         tokens[agent_id] = token
     return tokens
+
+
+def format_tokens(tokens: Mapping[str, str]) -> str:
+    """The tokens file for ``agent id -> token`` (what :func:`parse_tokens` reads back)."""
+    text = "".join(f"{agent_id} {token}\n" for agent_id, token in tokens.items())
+    parse_tokens(text, "the tokens to write")  # the same checks as the collector's: refused here, not at its start
+    return "# gpuprobe collector --tokens-file: one 'AGENT_ID TOKEN' per line\n" + text
+
+
+def new_token() -> str:
+    """A fresh bearer token: 48 hex characters (192 random bits)."""
+    return secrets.token_hex(24)
 
 
 class TokenStore:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuprobe.collector import certs
 from gpuprobe.collector.install import INSTALL_OPTIONS
 from gpuprobe.config import Command, Option, format_duration, parse_duration, parse_duration_or_none
 
@@ -391,7 +392,57 @@ def check_config_text(config_text: str) -> str | None:
     return None
 
 
+def _run_certs(values: dict[str, Any], args: argparse.Namespace) -> int:
+    return certs.run(values)
+
+
+CERTS_OPTIONS = [
+    Option("out", "folder to write the files into (made if missing)", _path, metavar="DIR"),
+    Option(
+        "server_name",
+        "a DNS name or IP address clients connect to (the collector's, the broker's); repeatable",
+        multiple=True,
+        default=[],
+        metavar="NAME",
+    ),
+    Option(
+        "node",
+        "a node name (its agent's --host): a client certificate and a token; repeatable",
+        multiple=True,
+        default=[],
+        metavar="NAME",
+    ),
+    Option("days", "how long the certificates are valid, in days", float, 365.0, metavar="DAYS"),
+    Option(
+        "force",
+        "replace existing files (the certificates and tokens in use stop working)",
+        is_flag=True,
+        default=False,
+        flag_only=True,
+    ),
+]
+
+CERTS_DESCRIPTION = f"""\
+Makes the certificates and tokens of a TLS set-up in --out DIR:
+
+{certs.help_table()}
+
+Keys and tokens belong to whoever runs this, which is what a service started by that user reads.
+A service that runs as its own user needs its own copy, owned by it; for Mosquitto:
+  install -o mosquitto -m 0600 DIR/server.key /etc/mosquitto/gpuprobe/server.key
+(likewise -o influxdb); the gpuprobe services read theirs as their group:
+  install -o root -g gpuprobe -m 0640 DIR/nodes/NODE.key /etc/gpuprobe/agent.key
+Refuses to replace existing files without --force. See docs/setup.md."""
+
 COMMANDS = [
+    Command(
+        name="certs",
+        help="make a CA, a server certificate, and a client certificate and token per node",
+        description=CERTS_DESCRIPTION,
+        raw_description=True,
+        run=_run_certs,
+        options=CERTS_OPTIONS,
+    ),
     Command(
         name="collector",
         help="run the collector: authenticated gRPC ingest from agents into InfluxDB",

@@ -148,7 +148,11 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
                 sub.required = True
                 groups[prefix] = sub
         leaf = groups[".".join(parts[:-1])].add_parser(
-            parts[-1], help=cmd.help, description=cmd.description or cmd.help, allow_abbrev=False
+            parts[-1],
+            help=cmd.help,
+            description=cmd.description or cmd.help,
+            allow_abbrev=False,
+            formatter_class=argparse.RawDescriptionHelpFormatter if cmd.raw_description else argparse.HelpFormatter,
         )
         add_options(leaf, cmd.options)
         if cmd.extra_arguments:

@@ -177,6 +177,8 @@ class Command:
     description: str | None = None
     # extra argparse arguments that are not options (positionals such as `-- COMMAND...`)
     extra_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    # the description keeps its line breaks in --help (a list of files, one per line)
+    raw_description: bool = False
 
 
 def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> None:

@@ -133,12 +133,14 @@ def _workdir(keep: bool) -> Iterator[Path]:
 
 
 def run_demo(values: dict[str, Any]) -> int:
+    from gpuprobe.collector.auth import format_tokens, new_token
     from gpuprobe.control import keys
     from gpuprobe.devservices.certs import make_pki
     from gpuprobe.devservices.influxdb import InfluxDBServer
     from gpuprobe.devservices.mosquitto import MosquittoServer
     from gpuprobe.devservices.ports import free_port
     from gpuprobe.model import InfluxSettings, ModelSettings, run
+    from gpuprobe.pki import write_private
 
     out_dir: Path = values["out"].resolve()
     probe_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -168,9 +170,8 @@ def run_demo(values: dict[str, Any]) -> int:
         _say(f"InfluxDB at {influx.url}, Mosquitto at {broker}")
 
         pki = make_pki(work / "pki")
-        tokens = {host: os.urandom(16).hex() for host in NODES}
-        (work / "tokens").write_text("".join(f"{host} {token}\n" for host, token in tokens.items()))
-        (work / "tokens").chmod(0o600)
+        tokens = {host: new_token() for host in NODES}
+        write_private(work / "tokens", format_tokens(tokens).encode())
         collector_port = free_port()
         procs.start(
             "collector",
@@ -187,8 +188,7 @@ def run_demo(values: dict[str, Any]) -> int:
         agent_env = dict(os.environ, GPUPROBE_THREADS="1")
         for host, profiles in NODES.items():
             token_file = work / f"{host}.token"
-            token_file.write_text(tokens[host])
-            token_file.chmod(0o600)
+            write_private(token_file, tokens[host].encode())
             procs.start(
                 host,
                 _gpuprobe(
