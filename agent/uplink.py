@@ -56,6 +56,7 @@ from gpuprobe.agent.spool import AsyncSpool, SpoolState, Stored
 from gpuprobe.backoff import Backoff
 from gpuprobe.errors import ProtocolError
 from gpuprobe.v1 import telemetry_pb2
+from gpuprobe.wire.validate import STREAM_ACCEPTED_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,10 @@ REFUSED_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECON
 # What grpc.aio reports when a write fails because the stream ended under it: the client library
 # makes this status up itself and the collector's own status is lost (grpc.aio._call, _write).
 WRITE_RACED_END = "Internal error from Core"
+#: How long a stream waits for the collector's response headers before writing its Hello anyway, in s
+HEADERS_WAIT_S = 2.0
+#: ... and for the status of a stream that answered without accepting it, in s
+STATUS_WAIT_S = 0.5
 
 
 def _varint(n: int) -> bytes:
@@ -491,6 +496,7 @@ class Uplink:
             session.cursor = session.acked = self.acked_through  # acknowledged already: not sent again
             call = stream(metadata=metadata)
             self._call = call
+            await self._headers(call)
             try:
                 await call.write(telemetry_pb2.StreamRequest(hello=hello).SerializeToString())
             except Exception as e:
@@ -557,6 +563,30 @@ class Uplink:
                 except Exception as e:
                     raise await _ended(call, e) from None
                 self._counters.add(batches_sent=1, samples_sent=item.samples)
+
+    async def _headers(self, call: Any) -> None:
+        """Waits for the collector's response headers, which it sends once it has checked the credentials,
+        before the Hello is written: a refusal then ends a stream the agent has not written to, and keeps
+        its code. A server that sends no headers before the Hello gets it after ``HEADERS_WAIT_S``."""
+        headers = asyncio.ensure_future(call.initial_metadata())
+        headers.add_done_callback(_ignore_outcome)
+        try:
+            metadata = await asyncio.wait_for(asyncio.shield(headers), HEADERS_WAIT_S)
+        except TimeoutError:
+            return
+        except Exception as e:
+            raise await _ended(call, e) from None
+        name, value = STREAM_ACCEPTED_HEADER
+        if metadata is not None and metadata.get(name) == value:
+            return
+        # no acceptance: the headers of a refusal (its status follows at once) or of another server
+        status = asyncio.ensure_future(call.code())
+        status.add_done_callback(_ignore_outcome)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(status), STATUS_WAIT_S)
+        if call.done():
+            code = await call.code()
+            raise SessionError(await call.details() or code.name, code)
 
     async def _receive_welcome(self, call: Any, session: _Session) -> None:
         try:
@@ -660,3 +690,9 @@ async def _ended(call: Any, error: BaseException) -> SessionError:
             details = await call.details()
             return SessionError(details or code.name, code)
     return SessionError(f"{type(error).__name__}: {error}")
+
+
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    """The response headers' outcome is the call's, read from the call itself."""
+    if not future.cancelled():
+        future.exception()

@@ -39,7 +39,14 @@ from gpuprobe.collector.settings import CollectorSettings
 from gpuprobe.collector.sink import Sink
 from gpuprobe.collector.wal import WalError, WriteAheadLog
 from gpuprobe.v1 import telemetry_pb2
-from gpuprobe.wire.validate import NS_PER_S, REASON_LABELS, Identity, StreamError, check_hello
+from gpuprobe.wire.validate import (
+    NS_PER_S,
+    REASON_LABELS,
+    STREAM_ACCEPTED_HEADER,
+    Identity,
+    StreamError,
+    check_hello,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +131,10 @@ class TelemetryService:
         if self._stopping:
             raise StreamError(grpc.StatusCode.UNAVAILABLE, "the collector is shutting down")
         principal = self.auth.authenticate(context.invocation_metadata() or (), context.auth_context())
+        # the response headers now: an agent waits for them before it writes its Hello, so a refusal
+        # of its credentials reaches it with its code (a write racing the end of a stream makes
+        # grpcio report INTERNAL instead, grpc/grpc#36066)
+        await context.send_initial_metadata((STREAM_ACCEPTED_HEADER,))
         incoming = requests.__aiter__()
         try:
             first = _parse(await incoming.__anext__())

@@ -55,6 +55,9 @@ NS_PER_S = 1_000_000_000
 #: A collector moves the timestamps of an agent whose clock is this far off its own (in s, either way;
 #: ``collector/clock.py``); below it they are stored as stamped.
 CLOCK_CORRECTED_FROM_S = 1.0
+#: The response header a collector sends once it has checked a stream's credentials (docs/wire.md): an
+#: agent writes its Hello after it, so that a refusal ends a stream the agent has not written to.
+STREAM_ACCEPTED_HEADER = ("gpuprobe-stream", "accepted")
 
 # hwmon sensor names as the contract defines them (lower case, digits, underscore).
 _SENSOR_NAME = re.compile(r"[a-z0-9_]{1,64}")

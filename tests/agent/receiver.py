@@ -31,6 +31,7 @@ import grpc
 import grpc.aio
 
 from gpuprobe.v1 import telemetry_pb2, telemetry_pb2_grpc
+from gpuprobe.wire.validate import STREAM_ACCEPTED_HEADER
 
 
 class Recorder:
@@ -62,6 +63,7 @@ class Receiver(telemetry_pb2_grpc.TelemetryServiceServicer):
             metadata = dict(context.invocation_metadata() or ())
             if metadata.get("authorization") != f"Bearer {self.token}":
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token")
+        await context.send_initial_metadata((STREAM_ACCEPTED_HEADER,))  # as the collector does
         agent_id = None
         last_seq = 0
         async for request in request_iterator:
