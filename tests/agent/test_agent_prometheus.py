@@ -261,7 +261,12 @@ def test_pod_labels_from_the_pod_resources_api_follow_the_assignment(
             page = urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode()
             return [s.labels for f in text_string_to_metric_families(page) if f.name == name for s in f.samples]
 
-        uuids = {labels["gpu"]: labels["UUID"] for labels in series("DCGM_FI_DEV_GPU_TEMP")}
+        # the page serves a GPU from its first sample on, which may come after the log line
+        def gpu_uuids() -> dict[str, str] | None:
+            found = {labels["gpu"]: labels["UUID"] for labels in series("DCGM_FI_DEV_GPU_TEMP")}
+            return found if sorted(found) == ["0", "1"] else None
+
+        uuids = wait_until(gpu_uuids, 20, "both GPUs on the page")
 
         def pods() -> dict[str, tuple[str | None, str | None, str | None]]:
             return {
@@ -271,13 +276,13 @@ def test_pod_labels_from_the_pod_resources_api_follow_the_assignment(
 
         kubelet.assignment = {uuids["1"]: ("train-0", "ml", "trainer")}
         want = {"0": (None, None, None), "1": ("train-0", "ml", "trainer")}
-        wait_until(lambda: pods() == want, 5, "GPU 1 labelled with its pod", describe=pods)
+        wait_until(lambda: pods() == want, 20, "GPU 1 labelled with its pod", describe=pods)
         calls = kubelet.calls
         kubelet.assignment = {uuids["0"]: ("train-0", "ml", "trainer"), uuids["1"]: ("eval-1", "ml", "eval")}
         want = {"0": ("train-0", "ml", "trainer"), "1": ("eval-1", "ml", "eval")}
         # within one refresh: one call may have been answered just before the change, the next one
         # sees it (the third is there for the moment between its answer and the page reading it)
-        wait_until(lambda: pods() == want or kubelet.calls > calls + 2, 5, "the new assignment", describe=pods)
+        wait_until(lambda: pods() == want or kubelet.calls > calls + 2, 20, "the new assignment", describe=pods)
         assert pods() == want, f"the labels changed within one refresh ({kubelet.calls - calls} calls)"
         # the kubelet goes away (a restart): the pods last known stay, the failure is logged once
         server.stop(None)
