@@ -158,7 +158,25 @@ OPTIONS = [
         default=1.0,
     ),
     Option("write_model", "write the fitted parameters back as the `model` measurement", is_flag=True, default=True),
+    # `gpuprobe model predict FITTED.json ...` only
+    Option(
+        "power_w",
+        "predict: each GPU's steady temperature, time to reach it and headroom at this power",
+        _positive,
+        metavar="W",
+        flag_only=True,
+    ),
+    Option(
+        "inlet_c",
+        "predict --power-w: the inlet air's temperature (default the fitted T_amb and the node's inlet stage)",
+        float,
+        metavar="C",
+        flag_only=True,
+    ),
+    Option("json", "predict: also write the figures to this JSON file", Path, metavar="FILE", flag_only=True),
 ]
+
+PREDICT_ONLY = ("power_w", "inlet_c", "json")
 
 
 def settings_from(values: dict[str, Any]) -> Any:
@@ -198,9 +216,78 @@ def settings_from(values: dict[str, Any]) -> Any:
     )
 
 
-def _run(values: dict[str, Any], _args: argparse.Namespace) -> int:
+def _action_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action",
+        nargs="*",
+        metavar="predict FITTED.json",
+        help="apply the models of a fitted JSON (what `gpuprobe model` writes) to another window (--from/--to) "
+        "or ask for the steady temperature at a power (--power-w)",
+    )
+
+
+def _predict(values: dict[str, Any], fitted_path: Path) -> int:
+    import json
+
+    from gpuprobe.influx.influxql import InfluxError
+    from gpuprobe.model import InfluxSettings, NoDataError
+    from gpuprobe.model import predict as pr
+
+    hosts = tuple(h for item in values["hosts"] for h in item.split(",") if h)
+    try:
+        document = json.loads(fitted_path.read_text(encoding="utf-8"))
+        fitted, skipped = pr.load_fitted(document, hosts)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"gpuprobe model predict: {fitted_path}: {e}", file=sys.stderr)
+        return 2
+    out: dict[str, Any]
+    if values["power_w"] is not None:
+        if values["from"] is not None:
+            print("gpuprobe model predict: give either --power-w or --from/--to, not both", file=sys.stderr)
+            return 2
+        per_host = {g.host: sum(1 for d in document["gpus"] if d["host"] == g.host) for g in fitted}
+        answers = [pr.steady_answer(g, values["power_w"], per_host[g.host], inlet_c=values["inlet_c"]) for g in fitted]
+        print(pr.steady_table(answers, skipped))
+        out = pr.steady_json(answers, skipped, values["inlet_c"])
+    else:
+        if values["from"] is None:
+            print("gpuprobe model predict: give --from TIME [--to TIME] or --power-w W", file=sys.stderr)
+            return 2
+        start, end = values["from"], values["to"] or time.time_ns()
+        try:
+            errors, skipped_window = pr.predict_range(
+                InfluxSettings.from_option_values(values), fitted, start, end, hosts
+            )
+        except (NoDataError, InfluxError) as e:
+            print(f"gpuprobe model predict: {e}", file=sys.stderr)
+            return 1
+        skipped = skipped + skipped_window
+        print(pr.window_table(errors, skipped))
+        out = pr.window_json(errors, skipped, start, end)
+        span = f"{start // 10**9}-{end // 10**9}"
+        html_path = values["out"] / f"predict-{span}.html"
+        pr.write_text(html_path, pr.window_html(errors, f"{fitted_path.name} predicting {span}"))
+        print(f"report: {html_path}")
+    if values["json"] is not None:
+        pr.write_text(values["json"], json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+        print(f"numbers: {values['json']}")
+    return 0
+
+
+def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
     from gpuprobe.influx.influxql import InfluxError
     from gpuprobe.model import NoDataError, run
+
+    action = list(getattr(args, "action", []) or [])
+    if action:
+        if action[0] != "predict" or len(action) != 2:
+            print("gpuprobe model: the only action is `predict FITTED.json`", file=sys.stderr)
+            return 2
+        return _predict(values, Path(action[1]))
+    given = [name for name in PREDICT_ONLY if values[name] is not None]
+    if given:
+        print(f"gpuprobe model: --{given[0].replace('_', '-')} is for `gpuprobe model predict`", file=sys.stderr)
+        return 2
 
     try:
         settings = settings_from(values)
@@ -232,9 +319,13 @@ COMMANDS = [
             "levels and their calibration against a microphone, and the efficiency (samples/J, energy, carbon, "
             "cost); writes a self-contained HTML "
             "report and a JSON file, writes the fitted parameters back as the `model` measurement, and prints "
-            "a summary table. Methods and sources: docs/models.md."
+            "a summary table. `gpuprobe model predict FITTED.json` applies the models of such a JSON to another "
+            "window (--from/--to: RMS, bias and largest error against the measured temperature) or answers for "
+            "a power (--power-w [--inlet-c]: steady temperature, time to reach it, headroom). Methods and "
+            "sources: docs/models.md."
         ),
         run=_run,
         options=OPTIONS,
+        extra_arguments=_action_argument,
     )
 ]

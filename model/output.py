@@ -75,6 +75,11 @@ def _gpu_fields(g: GpuResult) -> dict[str, Fields]:
         _put(thermal, "inlet_c_per_w", fit.inlet.c_per_w)
         _put(thermal, "inlet_tau_s", fit.inlet.tau_s)
     _put(thermal, "fan_floor", fit.fan_floor)
+    for figure, interval in fit.intervals.items():
+        low, high, bound = interval.field_names(figure)
+        _put(thermal, low, interval.low)
+        _put(thermal, high, interval.high)
+        _put(thermal, bound, interval.at_bound)
     if fit.step is not None:
         _put(thermal, "step_r_th_c_per_w", fit.step.r_th_c_per_w)
         _put(thermal, "step_tau_s", fit.step.tau_s)
@@ -193,7 +198,7 @@ def _f(value: float | None, spec: str, width: int) -> str:
 def summary_table(results: Results) -> str:
     """The table printed on the terminal: one row per GPU, one per node, then the fleet totals."""
     head = (
-        f"{'host':<12} {'gpu':>3} {'model':<24} {'R_th °C/W':>9} {'τ s':>6} {'T_amb':>6} {'fit':>13} "
+        f"{'host':<12} {'gpu':>3} {'model':<24} {'R_th °C/W':>9} {'R_th 90 %':>13} {'τ s':>6} {'T_amb':>6} {'fit':>13} "
         f"{'RMS':>4} {'held':>4} "
         f"{'T@limit':>7} {'headroom':>8} {'dBA':>5} {'samples/s':>9} {'J/sample':>9} {'energy J':>9}  flags"
     )
@@ -202,8 +207,11 @@ def summary_table(results: Results) -> str:
         rc = g.thermal.rc
         e = g.efficiency
         flags = [*g.flags, *([f"can't tell: {g.thermal.cannot_tell}"] if g.thermal.cannot_tell else [])]
+        r_interval = g.thermal.intervals.get("r_th_c_per_w")
+        flags += [f"{k} {v.text('g')}" for k, v in g.thermal.intervals.items() if v.at_bound]
         rows.append(
             f"{g.host:<12.12} {g.gpu:>3} {g.model:<24.24} {_f(rc.r_th_c_per_w if rc else None, '.4f', 9)} "
+            f"{(r_interval.text('.4f') if r_interval else '—')[:13]:>13} "
             f"{_f(rc.tau_s if rc else None, '.2f', 6)} {_f(rc.t_amb_c if rc else None, '.1f', 6)} "
             f"{g.thermal.model:>13} {_f(g.thermal.fit_rmse_c, '.2f', 4)} {_f(g.thermal.holdout_rmse_c, '.2f', 4)} "
             f"{_f(g.t_pred_at_limit_c, '.1f', 7)} {_f(g.headroom_c, '.1f', 8)} "
@@ -213,7 +221,7 @@ def summary_table(results: Results) -> str:
     rows.append("-" * len(head))
     for n in results.nodes:
         rows.append(
-            f"{n.host:<12.12} {'all':>3} {f'{n.gpus} GPUs':<24} {_f(n.r_th_mean_c_per_w, '.4f', 9)} "
+            f"{n.host:<12.12} {'all':>3} {f'{n.gpus} GPUs':<24} {_f(n.r_th_mean_c_per_w, '.4f', 9)} {'':>13} "
             f"{_f(n.tau_mean_s, '.2f', 6)} {_f(n.t_amb_mean_c, '.1f', 6)} {'':>13} {'':>4} {'':>4} "
             f"{_f(n.t_pred_at_limit_max_c, '.1f', 7)} "
             f"{_f(n.headroom_min_c, '.1f', 8)} {_f(n.acoustic.steady_db if n.acoustic else None, '.1f', 5)} "

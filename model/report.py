@@ -24,6 +24,7 @@ from gpuprobe.energy import cumulative_energy
 from gpuprobe.model.analysis import GpuResult, Results
 from gpuprobe.model.data import Dataset, GpuSeries
 from gpuprobe.model.thermal import AVERAGE_DELAY_S, predicted_temperature, simulate
+from gpuprobe.model.thermal_stages import Interval
 
 MAX_POINTS = 2500
 PHASE_COLOURS = {"idle": "#e8f0fe", "warmup": "#fff4e0", "steady": "#e6f4ea", "cooldown": "#f3e8fd"}
@@ -424,6 +425,10 @@ def _thermal(ds: Dataset, r: Results) -> Section:
     return parts
 
 
+def _interval(interval: Interval | None, spec: str) -> str | None:
+    return interval.text(spec) if interval is not None else None
+
+
 def _stage_models_table(r: Results) -> str:
     headers = [
         "host",
@@ -432,8 +437,11 @@ def _stage_models_table(r: Results) -> str:
         "chosen",
         "method",
         "R total °C/W",
+        "R total 90 %",
         "τ slow s",
+        "τ slow 90 %",
         "T_amb °C",
+        "T_amb 90 %",
         "fast R °C/W",
         "fast τ s",
         "slow R °C/W",
@@ -459,8 +467,11 @@ def _stage_models_table(r: Results) -> str:
                 t.model,
                 t.chosen,
                 t.r_th_c_per_w,
+                _interval(t.intervals.get("r_th_c_per_w"), ".4f"),
                 t.tau_s,
+                _interval(t.intervals.get("tau_s"), ".3g"),
                 t.t_amb_c,
+                _interval(t.intervals.get("t_amb_c"), ".1f"),
                 fast.r_c_per_w if fast else None,
                 fast.tau_s if fast else None,
                 slow.r_c_per_w if slow else None,

@@ -53,6 +53,7 @@ from gpuprobe.model.thermal_stages import (
     TAU_MAX_S,
     Candidate,
     Inlet,
+    Interval,
     Stage,
     StagedFit,
     StagedInput,
@@ -168,6 +169,8 @@ class ThermalFit:
     # step, a parameter at a solver bound, or R_th and T_amb not separable (can_tell)
     cannot_tell: str | None = None
     cannot_tell_detail: str | None = None
+    # 90 % intervals of the output-error model's figures (thermal_stages.intervals), by figure name
+    intervals: dict[str, Interval] = field(default_factory=dict)
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -419,6 +422,7 @@ def fit_thermal_node(inputs: list[ThermalInput], *, holdout: float = 0.3) -> lis
             result.step_sim_rmse_c = result.arx_sim_rmse_c = None
             result.r_th_c_per_w = result.tau_s = result.t_amb_c = None
             result.stages, result.inlet, result.fan_floor = [], None, None
+            result.intervals = {}
             result.method = "not identifiable"
     return results
 
@@ -622,6 +626,7 @@ def _apply_staged(result: ThermalFit, staged: StagedFit) -> None:
     result.holdout_fraction = staged.holdout_fraction
     result.holdout_start_ns = staged.split_ns
     result.candidates = staged.candidates
+    result.intervals = dict(staged.intervals)
     result.grid_s = staged.grid_s
     result.notes.extend(staged.notes)
 

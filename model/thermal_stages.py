@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -88,6 +88,7 @@ INLET_SPAN_MAX = 0.5  # τ_in ≤ half the fitted span: a slower stage cannot be
 MEM_RMSE_MAX_C = 0.5
 DEAD_ZONE_SHARPNESS = 30.0  # 1/°C: the refinement's dead zone rounds its corners over ~0.03 °C
 ORDER = ("rc1", "rc2", "rc2+fan", "rc2+inlet", "rc2+inlet+fan")
+Z_90 = 1.6448536269514722  # the standard normal's 95th percentile: a two-sided 90 % interval
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,39 @@ class StageModel:
 
 
 @dataclass(frozen=True)
+class Interval:
+    """A fitted figure's 90 % interval (:func:`intervals`). ``at_bound``: the figure rests on a parameter
+    the solver stopped at a limit of its search (then no interval: the limit is not a measurement);
+    ``undetermined``: the data do not pin it (a singular Jacobian)."""
+
+    low: float | None
+    high: float | None
+    at_bound: str | None = None
+    undetermined: bool = False
+
+    def contains(self, value: float) -> bool:
+        return self.low is not None and self.high is not None and self.low <= value <= self.high
+
+    def text(self, spec: str) -> str:
+        """As the terminal table and the report show it: ``low-high``, ``at bound (…)`` or ``undetermined``."""
+        if self.at_bound:
+            return f"at bound ({self.at_bound})"
+        if self.low is None or self.high is None:
+            return "undetermined"
+        return f"{format(self.low, spec)}-{format(self.high, spec)}"
+
+    @staticmethod
+    def field_names(figure: str) -> tuple[str, str, str]:
+        """The line-protocol fields of a figure's interval: its low and high ends (the unit kept last, as
+        every field name carries it) and its at-bound note."""
+        for unit in ("_c_per_w", "_s", "_c"):
+            if figure.endswith(unit):
+                base = figure[: -len(unit)]
+                return f"{base}_low{unit}", f"{base}_high{unit}", f"{base}_at_bound"
+        return f"{figure}_low", f"{figure}_high", f"{figure}_at_bound"
+
+
+@dataclass(frozen=True)
 class Candidate:
     """One candidate's figures: its fit on the training part and its error on the held-out part."""
 
@@ -167,6 +201,7 @@ class StagedFit:
     candidates: list[Candidate]
     grid_s: float
     notes: list[str]
+    intervals: dict[str, Interval] = field(default_factory=dict)  # 90 % intervals of the chosen model's figures
 
 
 # --- the simulation --------------------------------------------------------------------------------
@@ -378,6 +413,114 @@ def _bounds(name: str) -> tuple[np.ndarray, np.ndarray]:
         lo += [0.05]
         hi += [1.0]
     return np.array(lo), np.array(hi)
+
+
+def _figures(model: StageModel) -> dict[str, float]:
+    """The reported figures of a model whose intervals :func:`intervals` gives (taus as their logarithm)."""
+    out = {"r_th_c_per_w": model.r_total_c_per_w, "tau_s": math.log(model.tau_slow_s), "t_amb_c": model.t_amb_c}
+    stages = model.effective_stages()
+    if len(stages) == 2:
+        out["r_fast_c_per_w"] = stages[0].r_c_per_w
+        out["tau_fast_s"] = math.log(stages[0].tau_s)
+        out["r_slow_c_per_w"] = stages[1].r_c_per_w
+    if model.fan is not None:
+        out["fan_floor"] = model.fan.floor
+    return out
+
+
+LOG_FIGURES = ("tau_s", "tau_fast_s")  # intervals taken on ln τ (the fit's own scale), so never below zero
+# the parameters of _pack, as a bound is reported
+BOUND_NAMES = {
+    "rc1": ("T_amb", "initial offset", "R", "τ"),
+    "rc2": ("T_amb", "initial offset", "R fast", "τ fast", "R slow", "τ slow/τ fast", "fan floor"),
+}
+
+
+def _correlation_time(residuals: np.ndarray) -> float:
+    """The integrated autocorrelation time of the residuals, in samples (``1 + 2·Σ r_k``, the lag-k
+    autocorrelations summed while they stay above 0.05): how many consecutive residuals count as one
+    independent error. Whole-degree readings leave runs of one sign as long as a plateau, far longer
+    than a lag-1 estimate says."""
+    r = residuals - np.mean(residuals)
+    var = float(r @ r)
+    if var <= 0 or len(r) < 4:
+        return 1.0
+    spectrum = np.fft.rfft(r, 2 * len(r))
+    acf = np.fft.irfft(spectrum * np.conj(spectrum))[: len(r)] / var
+    total = 1.0
+    for rho in acf[1 : len(r) // 2]:
+        if rho < 0.05:
+            break
+        total += 2 * float(rho)
+    return min(total, len(r) / 4)
+
+
+def intervals(model: StageModel, p: Problem, steady_fan: float) -> dict[str, Interval]:
+    """90 % intervals of a fitted model's figures from the Jacobian of its residuals at the optimum.
+
+    The covariance of the GPU's own parameters is ``s²·(JᵀJ)⁻¹`` with ``s²`` the residual variance, inflated
+    by the residuals' integrated autocorrelation time (:func:`_correlation_time`: consecutive errors of a
+    thermal fit are not independent, without it the interval would be far too narrow); each figure's
+    variance follows by the delta method (its gradient by finite differences), ``±1.645`` standard
+    deviations (taus on their logarithm). A node's inlet stage is held at its joint fit (the intervals
+    are conditional on it). Parameters at a bound of the search are held there; a figure that depends
+    on one is reported at the bound, with no interval."""
+    fixed = model.inlet
+    x = _pack(model)
+    lo, hi = _bounds(model.name)
+    span = hi - lo
+    at_lo, at_hi = x <= lo + 1e-6 * span, x >= hi - 1e-6 * span
+    # held at the bound; the gradients below tell which figures such a parameter touches
+    pinned = at_lo | at_hi
+
+    def unpack(v: np.ndarray) -> StageModel:
+        return _unpack(model.name, v, steady_fan, fixed)
+
+    base_fig = _figures(model)
+    names = list(base_fig)
+    r0 = p.residuals(predict(model, p))
+    steps = 1e-6 * np.maximum(1.0, np.abs(x))
+    jac = np.zeros((len(r0), len(x)))
+    grad = np.zeros((len(names), len(x)))
+    for c in range(len(x)):
+        step = -steps[c] if x[c] + steps[c] > hi[c] else steps[c]
+        x2 = x.copy()
+        x2[c] += step
+        m2 = unpack(x2)
+        jac[:, c] = (p.residuals(predict(m2, p)) - r0) / step
+        fig2 = _figures(m2)
+        grad[:, c] = [(fig2[n] - base_fig[n]) / step for n in names]
+    free = ~pinned
+    n_res, k = len(r0), int(free.sum())
+    cov = None
+    if n_res > k + 2 and k > 0:
+        j = jac[:, free]
+        jtj = j.T @ j
+        if np.all(np.isfinite(jtj)) and np.linalg.cond(jtj) < 1e14:
+            s2 = float(r0 @ r0) / (n_res - k)
+            cov = s2 * _correlation_time(r0) * np.linalg.inv(jtj)
+    out: dict[str, Interval] = {}
+    for i, name in enumerate(names):
+        touches = np.abs(grad[i]) > 1e-9 * max(1.0, abs(base_fig[name]))
+        considered = touches & pinned
+        if model.name != "rc1" and name not in ("r_fast_c_per_w", "tau_fast_s"):
+            # a fast stage at zero resistance or at its least τ is a stage the data do not need, not a limit
+            # on the slow stage's figures (as :func:`~gpuprobe.model.thermal._at_bound` holds too)
+            considered[[2, 3]] = False
+        bound = [BOUND_NAMES["rc1" if model.name == "rc1" else "rc2"][c] for c in np.flatnonzero(considered)]
+        if bound:
+            out[name] = Interval(None, None, at_bound=", ".join(bound))
+            continue
+        if cov is None:
+            out[name] = Interval(None, None, undetermined=True)
+            continue
+        g = grad[i][free]
+        sigma = math.sqrt(max(float(g @ cov @ g), 0.0))
+        low, high = base_fig[name] - Z_90 * sigma, base_fig[name] + Z_90 * sigma
+        if name in LOG_FIGURES:
+            low, high = math.exp(low), math.exp(high)
+        out[name] = Interval(low, high)
+    return out
 
 
 def _fit(
@@ -639,6 +782,7 @@ def _finish(g: _Gpu, held_model: StageModel, final: StageModel, holdout: float, 
         candidates=g.candidates,
         grid_s=g.whole.h,
         notes=out_notes,
+        intervals=intervals(final, g.whole, g.steady_fan),
     )
 
 

@@ -157,6 +157,14 @@ def check_recovered(fit: ThermalFit, truth: Truth, steady_fan_pct: float) -> Non
     assert fit.holdout_rmse_c is not None and fit.rc1_holdout_rmse_c is not None
     assert fit.holdout_rmse_c < 0.5 * fit.rc1_holdout_rmse_c
     assert fit.fit_rmse_c is not None and fit.fit_rmse_c < 0.5
+    # each reported figure's 90 % interval (from the fit's Jacobian) holds the simulated truth
+    for figure, true in (
+        ("r_th_c_per_w", truth.r_total(steady_fan_pct)),
+        ("tau_s", truth.tau_slow(steady_fan_pct)),
+        ("t_amb_c", truth.t_amb_c),
+    ):
+        interval = fit.intervals[figure]
+        assert interval.contains(true), (figure, true, interval, fit.model)
 
 
 def test_two_stage_node_with_inlet_recovers_total_r_and_slow_tau() -> None:
