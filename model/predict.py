@@ -158,11 +158,11 @@ def predict_window(
     if first is None:
         return None
     t, measured, predicted = first
-    first = _steady_start(t, measured, np.interp(t, t_ns[ok], power_w[ok]))
-    steady_start = first is not None
+    steady = _steady_start(t, measured, np.interp(t, t_ns[ok], power_w[ok]))
+    steady_start = steady is not None
     shift = float(measured[0] - predicted[0])
-    if first is not None:
-        shift = float(np.mean(measured[first] - predicted[first]))
+    if steady is not None:
+        shift = float(np.mean(measured[steady] - predicted[steady]))
         if np.all(measured == np.round(measured)):
             # whole-degree readings place a steady temperature only to ±0.5 °C: only what is beyond is the air's
             shift = math.copysign(max(abs(shift) - 0.5, 0.0), shift)
