@@ -66,6 +66,7 @@ module (``gpuprobe.`` left out; ``agent/…`` is ``gpuprobe.agent``) and when it
         ├── InfluxError (RuntimeError)         influx/influxql.py: InfluxDB refused a request or a
         │                                      statement, or could not be reached
         ├── NoDataError (LookupError)          model/data.py: the probe or time range has no data
+        ├── FittedError (ValueError)           model/predict.py: a fitted JSON that holds no usable model
         ├── BadRow                             importer/formats.py: a log row that cannot be imported
         │                                      (counted and reported by reason, not fatal)
         └── FormatError (ValueError)           importer/formats.py: a log that is neither format, or a

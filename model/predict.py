@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuprobe.errors import DataError
 from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.model.thermal import AVERAGE_DELAY_S, ThermalFit, predicted_temperature
 from gpuprobe.model.thermal_stages import MAX_GRID, FanLaw, Inlet, Stage, StageModel
@@ -41,7 +42,7 @@ from gpuprobe.model.thermal_stages import MAX_GRID, FanLaw, Inlet, Stage, StageM
 STEADY_START_S, STEADY_START_MIN_S, STEADY_START_SPAN_C, STEADY_START_POWER_W = 20.0, 5.0, 1.0, 20.0
 
 
-class FittedError(ValueError):
+class FittedError(DataError, ValueError):
     """The fitted JSON holds no usable model."""
 
 
