@@ -22,16 +22,12 @@ from __future__ import annotations
 from gpuprobe.v1 import telemetry_pb2
 from gpuprobe.wire.validate import CLOCK_CORRECTED_FROM_S, NS_PER_S
 
-_STAMPED = (
-    "gpu_samples",
-    "node_samples",
-    "acoustic_samples",
-    "trainer_samples",
-    "probe_events",
-    "gpu_events",
-    "process_samples",
-    "nvlink_samples",
-    "mig_samples",
+# every repeated sample kind of a batch that carries its own time: derived from the contract, so a kind
+# added to SampleBatch later is moved too
+_STAMPED = tuple(
+    f.name
+    for f in telemetry_pb2.SampleBatch.DESCRIPTOR.fields
+    if f.message_type is not None and f.is_repeated and "time_unix_ns" in f.message_type.fields_by_name
 )
 
 
