@@ -116,3 +116,33 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
     # it cleans up after itself
     assert set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*")) == workdirs_before
     assert demo_processes() - processes_before == set()
+
+
+def test_a_demo_stopped_with_sigterm_leaves_nothing_running_or_lying_around(tmp_path: Path) -> None:
+    """Its services run in sessions of their own, so a SIGTERM to the demo (a CI job cancelled, `kill`)
+    must stop them as a Ctrl-C does, not leave InfluxDB, Mosquitto and the agents behind."""
+    workdirs_before = set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*"))
+    processes_before = demo_processes()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "gpuprobe", "demo", "--out", str(tmp_path / "report"), "--no-study"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert demo.stderr is not None
+        lines = []
+        for line in demo.stderr:  # the demo says when its services are up
+            lines.append(line)
+            if "both agents are online" in line:
+                break
+        assert demo_processes() - processes_before, "".join(lines)  # its services were running
+        demo.send_signal(signal.SIGTERM)
+        _, rest = demo.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo.pid, signal.SIGKILL)
+    assert demo.returncode == 1, rest
+    assert "stopped by SIGTERM" in rest
+    assert demo_processes() - processes_before == set()
+    assert set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*")) == workdirs_before
