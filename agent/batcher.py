@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpuprobe.agent.metrics import Counters
+from gpuprobe.agent.podresources import PodRef
 from gpuprobe.agent.resolution import FAULT_EVENT_KINDS, ResolutionPolicy
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
@@ -58,11 +59,13 @@ class Batcher:
         max_samples: int = 2000,
         on_full: Callable[[], None] | None = None,
         policy: ResolutionPolicy | None = None,
+        pods: Callable[[], Mapping[str, PodRef]] | None = None,
     ) -> None:
         if max_samples < 100:
             raise ValueError(f"a batch must be allowed at least 100 samples (wire contract), not {max_samples}")
         self.agent_id = agent_id
         self._gpus = gpus
+        self._pods = pods  # GPU UUID -> (pod, namespace, container), the tags of its points where known
         self._sent_infos: dict[int, common_pb2.GpuInfo] = {}  # index -> the facts last put into a batch
         self._counters = counters
         self.max_samples = max_samples
@@ -191,7 +194,12 @@ class Batcher:
         )
 
     def _refs(self, infos: Sequence[common_pb2.GpuInfo] | None = None) -> list[telemetry_pb2.GpuRef]:
-        return [
-            telemetry_pb2.GpuRef(index=g.index, uuid=g.uuid, name=g.name)
-            for g in (self._gpus() if infos is None else infos)
-        ]
+        pods = self._pods() if self._pods is not None else {}
+        refs = []
+        for g in self._gpus() if infos is None else infos:
+            ref = telemetry_pb2.GpuRef(index=g.index, uuid=g.uuid, name=g.name)
+            pod = pods.get(g.uuid)
+            if pod is not None:
+                ref.pod, ref.namespace, ref.container = pod
+            refs.append(ref)
+        return refs

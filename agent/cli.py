@@ -119,7 +119,7 @@ AGENT_OPTIONS = [
     Option(
         "pod_resources_socket",
         "the kubelet's pod-resources socket (e.g. /var/lib/kubelet/pod-resources/kubelet.sock): pod, namespace"
-        " and container labels of the GPUs on --prometheus-listen (default: off)",
+        " and container of each GPU, as labels on --prometheus-listen and tags of its InfluxDB points (default: off)",
         default="",
         metavar="PATH",
     ),

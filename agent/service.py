@@ -251,6 +251,8 @@ class Agent:
         loop = asyncio.get_running_loop()
         self._flush_now = asyncio.Event()
         flush_now = self._flush_now
+        if s.pod_resources_socket is not None:
+            self.pod_resources = PodResources(s.pod_resources_socket, s.pod_resources_interval_s)
         self.batcher = Batcher(
             self.identity.agent_id,
             self._current_infos,
@@ -258,6 +260,7 @@ class Agent:
             s.batch_max_samples,
             on_full=lambda: void(loop.call_soon_threadsafe(flush_now.set)),
             policy=ResolutionPolicy(s.resolution, s.aggregate_interval_s, s.hires_after_s, s.flight_recorder_s),
+            pods=self.pod_resources.assignments if self.pod_resources is not None else None,
         )
         self.uplink = Uplink(s.uplink, self.spool, self._hello, self.counters)
         return Sampler(
@@ -340,10 +343,7 @@ class Agent:
         if s.prometheus_listen is None:
             return None
         sampler.keep_slow_fields()
-        pods = None
-        if s.pod_resources_socket is not None:
-            self.pod_resources = PodResources(s.pod_resources_socket, s.pod_resources_interval_s)
-            pods = self.pod_resources.assignments
+        pods = self.pod_resources.assignments if self.pod_resources is not None else None
         return GpuExporter(sampler, self._current_infos, self.identity.host, pods)
 
     # ------------------------------------------------------------------ stop

@@ -363,7 +363,7 @@ class StreamEncoder:
         self._identity_tags = identity.tags()
         self._node_prefix = series_prefix(NODE, self._identity_tags)
         self._agent_prefix = series_prefix(AGENT, self._identity_tags)
-        self._gpu_prefixes: dict[tuple[int, str, str], str | tuple[int, str]] = {}
+        self._gpu_prefixes: dict[tuple[int, str, str, str, str, str], str | tuple[int, str]] = {}
         self._templates: dict[tuple[str, int, int], tuple[bytes, bool]] = {}
         self._prefixes: dict[tuple[Any, ...], str | tuple[int, str]] = {}
         self._aggregate_prefixes: dict[tuple[str, int], bytes] = {}
@@ -461,7 +461,7 @@ class StreamEncoder:
         """GPU index -> the escaped ``gpu`` series prefix, or (reason, message) when it is unusable."""
         resolved: dict[int, str | tuple[int, str]] = {}
         for ref in refs:
-            key = (ref.index, ref.uuid, ref.name)
+            key = (ref.index, ref.uuid, ref.name, ref.pod, ref.namespace, ref.container)
             prefix = self._gpu_prefixes.get(key)
             if prefix is None:
                 prefix = self._gpu_prefix(ref)
@@ -479,13 +479,12 @@ class StreamEncoder:
         return resolved
 
     def _gpu_prefix(self, ref: telemetry_pb2.GpuRef) -> str | tuple[int, str]:
-        for what, value in (("uuid", ref.uuid), ("name", ref.name)):
+        for what, value in _ref_strings(ref):
             if value:
                 problem = tag_value_problem(value, self.limits.max_tag_bytes)
                 if problem is not None:
                     return INVALID_STRING, f"SampleBatch.gpus index {ref.index}: {what} {value[:80]!r} {problem}"
-        tags = dict(self._identity_tags, gpu=str(ref.index), uuid=ref.uuid, model=ref.name)
-        return series_prefix(GPU, tags)
+        return series_prefix(GPU, dict(self._identity_tags, **_ref_tags(ref)))
 
     def _tag_problem(self, what: str, value: str) -> str | None:
         problem = tag_value_problem(value, self.limits.max_tag_bytes)
@@ -1048,9 +1047,8 @@ class StreamEncoder:
                 problems.sample(INVALID_STRING, f"{where}: {problem}")
                 return None
         ref = refs[index]
-        key = (measurement, index, ref.uuid, ref.name, *extra.items())
-        tags = dict(self._identity_tags, gpu=str(index), uuid=ref.uuid, model=ref.name, **extra)
-        return self._cached_prefix(key, measurement, tags)
+        key = (measurement, index, ref.uuid, ref.name, ref.pod, ref.namespace, ref.container, *extra.items())
+        return self._cached_prefix(key, measurement, dict(self._identity_tags, **_ref_tags(ref), **extra))
 
     def _encode_gpu_event(
         self,
@@ -1163,3 +1161,24 @@ class StreamEncoder:
             problems.sample(MISSING_FIELD, f"{where}: no value that can be stored")
             return
         out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())
+
+
+def _ref_strings(ref: telemetry_pb2.GpuRef) -> tuple[tuple[str, str], ...]:
+    """A GPU reference's strings that become tags, as the batch names them."""
+    return (
+        ("uuid", ref.uuid),
+        ("name", ref.name),
+        ("pod", ref.pod),
+        ("namespace", ref.namespace),
+        ("container", ref.container),
+    )
+
+
+def _ref_tags(ref: telemetry_pb2.GpuRef) -> dict[str, str]:
+    """The tags of a GPU's points: index, UUID and model, and its pod where the agent knows it."""
+    tags = {"gpu": str(ref.index), "uuid": ref.uuid, "model": ref.name}
+    for name in ("pod", "namespace", "container"):
+        value = getattr(ref, name)
+        if value:
+            tags[name] = value
+    return tags

@@ -182,14 +182,20 @@ class GpuAggregate(_message.Message):
     def __init__(self, start_unix_ns: _Optional[int] = ..., interval_ms: _Optional[int] = ..., gpu_index: _Optional[int] = ..., sample_count: _Optional[int] = ..., mean: _Optional[_Union[GpuSample, _Mapping[str, object]]] = ..., min: _Optional[_Union[GpuSample, _Mapping[str, object]]] = ..., max: _Optional[_Union[GpuSample, _Mapping[str, object]]] = ..., last: _Optional[_Union[GpuSample, _Mapping[str, object]]] = ...) -> None: ...
 
 class GpuRef(_message.Message):
-    __slots__ = ("index", "uuid", "name")
+    __slots__ = ("index", "uuid", "name", "pod", "namespace", "container")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    pod: str
+    namespace: str
+    container: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pod: _Optional[str] = ..., namespace: _Optional[str] = ..., container: _Optional[str] = ...) -> None: ...
 
 class AgentStats(_message.Message):
     __slots__ = ("dropped_samples", "dropped_batches", "read_errors", "missed_ticks", "spool_bytes")

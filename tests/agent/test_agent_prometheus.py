@@ -277,6 +277,13 @@ def test_pod_labels_from_the_pod_resources_api_follow_the_assignment(
         kubelet.assignment = {uuids["1"]: ("train-0", "ml", "trainer")}
         want = {"0": (None, None, None), "1": ("train-0", "ml", "trainer")}
         wait_until(lambda: pods() == want, 20, "GPU 1 labelled with its pod", describe=pods)
+
+        # the batches name the pod too (the collector makes them tags of the GPU's points)
+        def refs() -> dict[str, tuple[str | None, str | None, str | None]]:
+            latest = receiver.batches()[-1].gpus if receiver.batches() else []
+            return {str(r.index): (r.pod or None, r.namespace or None, r.container or None) for r in latest}
+
+        wait_until(lambda: refs() == want, 20, "GPU 1's pod in the batches", describe=refs)
         calls = kubelet.calls
         kubelet.assignment = {uuids["0"]: ("train-0", "ml", "trainer"), uuids["1"]: ("eval-1", "ml", "eval")}
         want = {"0": ("train-0", "ml", "trainer"), "1": ("eval-1", "ml", "eval")}
@@ -284,6 +291,7 @@ def test_pod_labels_from_the_pod_resources_api_follow_the_assignment(
         # sees it (the third is there for the moment between its answer and the page reading it)
         wait_until(lambda: pods() == want or kubelet.calls > calls + 2, 20, "the new assignment", describe=pods)
         assert pods() == want, f"the labels changed within one refresh ({kubelet.calls - calls} calls)"
+        wait_until(lambda: refs() == want, 20, "the new assignment in the batches", describe=refs)
         # the kubelet goes away (a restart): the pods last known stay, the failure is logged once
         server.stop(None)
         agent.wait_for_log("the kubelet's pod-resources API at .* does not answer")

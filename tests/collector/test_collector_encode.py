@@ -106,6 +106,34 @@ def test_gpu_line_carries_identity_and_gpu_tags_sorted() -> None:
     )
 
 
+def test_a_gpu_held_by_a_pod_carries_its_pod_tags_on_its_points_and_only_then() -> None:
+    """The agent names the pod that holds a GPU (kubelet pod-resources) in the batch's GPU reference:
+    its readings and process points carry `pod`, `namespace`, `container`; a GPU without one has none,
+    and a pod name that line protocol cannot carry refuses the GPU's samples instead of being mangled."""
+    held = telemetry_pb2.GpuRef(index=0, uuid="GPU-0", name="L4", pod="train-0", namespace="ml", container="trainer")
+    free = telemetry_pb2.GpuRef(index=1, uuid="GPU-1", name="L4")
+    batch = telemetry_pb2.SampleBatch(
+        agent_id="a1",
+        seq=1,
+        gpus=[held, free],
+        gpu_samples=[telemetry_pb2.GpuSample(time_unix_ns=NOW_NS, gpu_index=i, power_w=70.0) for i in (0, 1)],
+        process_samples=[telemetry_pb2.ProcessSample(time_unix_ns=NOW_NS, gpu_index=0, pid=42, command="python")],
+    )
+    lines = StreamEncoder(IDENTITY, Limits()).encode(batch, NOW_NS).lines.decode().splitlines()
+    gpu0 = next(line for line in lines if line.startswith("gpu,") and ",gpu=0," in line)
+    gpu1 = next(line for line in lines if line.startswith("gpu,") and ",gpu=1," in line)
+    process = next(line for line in lines if line.startswith("gpu_process,"))
+    for line in (gpu0, process):
+        assert ",container=trainer," in line and ",namespace=ml," in line and ",pod=train-0," in line, line
+    assert "pod=" not in gpu1 and "namespace=" not in gpu1 and "container=" not in gpu1
+    bad = telemetry_pb2.SampleBatch()
+    bad.CopyFrom(batch)
+    bad.gpus[0].pod = "train\n0\x00"
+    encoded = StreamEncoder(IDENTITY, Limits()).encode(bad, NOW_NS)
+    assert not any(",gpu=0," in line for line in encoded.lines.decode().splitlines())
+    assert any(r.reason == INVALID_STRING and "pod" in r.message for r in encoded.problems.rejections())
+
+
 def test_absent_fields_are_not_written_and_zero_is_a_reading() -> None:
     sample = telemetry_pb2.GpuSample(time_unix_ns=NOW_NS, gpu_index=0, util_pct=0.0, clock_event_reasons=0)
     line = StreamEncoder(IDENTITY, Limits()).encode(one_gpu_batch(sample), NOW_NS).lines.decode()
