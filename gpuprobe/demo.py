@@ -161,8 +161,7 @@ def run_demo(values: dict[str, Any]) -> int:
     )
     _say(
         "the simulated GPUs' thermal time constants are shortened so the probe settles in a minute, and the"
-        " machines do not warm their inlet air: "
-        + ", ".join(f"{k} {v}" for k, v in DEMO_THERMAL.items())
+        " machines do not warm their inlet air: " + ", ".join(f"{k} {v}" for k, v in DEMO_THERMAL.items())
     )
     thermal_sets = [f"--set={i}.{k}={v}" for i in range(GPUS_PER_NODE) for k, v in DEMO_THERMAL.items()]
     with _workdir(values["keep"]) as work, contextlib.ExitStack() as stack:
