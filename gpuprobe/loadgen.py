@@ -253,6 +253,11 @@ class SyntheticAgent:
         return self.uplink.acked_through
 
     @property
+    def unacked(self) -> int:
+        """Batches spooled and not acknowledged (the spool deletes acknowledged ones in batches)."""
+        return self.spool.last_seq - self.acked_seq
+
+    @property
     def streams(self) -> int:
         return self.uplink.sessions
 
@@ -292,9 +297,9 @@ class SyntheticAgent:
         await asyncio.wait({drained, *([self._runner] if self._runner else [])}, return_when=asyncio.FIRST_COMPLETED)
         if not drained.done():
             drained.cancel()
-            raise RuntimeError(f"{self.spec.id}: run() ended before everything was acked ({self.spool.batches} left)")
+            raise RuntimeError(f"{self.spec.id}: run() ended before everything was acked ({self.unacked} left)")
         if not drained.result():
-            raise TimeoutError(f"{self.spec.id}: {self.spool.batches} batches still unacked after {timeout_s} s")
+            raise TimeoutError(f"{self.spec.id}: {self.unacked} batches still unacked after {timeout_s} s")
         await self.uplink.stop()
 
     async def wait_acked(self, seq: int, timeout_s: float = 60.0) -> None:
