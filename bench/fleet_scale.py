@@ -583,7 +583,7 @@ async def run(
         "exactly_once": not wrong and not extra,
     }
     results["rejections"] = sum(len(m.agent.rejections) for m in fleet)
-    results["stream_errors"] = Counter(e.code.name for m in fleet for e in m.agent.errors)
+    results["stream_errors"] = Counter(e.code.name if e.code else "no status" for m in fleet for e in m.agent.errors)
     log(f"  InfluxDB: {results['influxdb']}")
     return results
 
