@@ -28,14 +28,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import grpc
-
 from gpuprobe import __version__
 from gpuprobe.agent.metrics import Counters
 from gpuprobe.agent.resolution import aggregate_one
 from gpuprobe.agent.settings import TlsSettings, UplinkSettings
 from gpuprobe.agent.spool import MemorySpool, SpoolState
-from gpuprobe.agent.uplink import WRITE_RACED_END, SessionError, Uplink
+from gpuprobe.agent.uplink import SessionError, Uplink
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 NS_PER_S = 1_000_000_000
@@ -186,20 +184,6 @@ def aggregate(
     return aggregate_one(index, start_ns, interval_ms * 1_000_000, rows)
 
 
-@dataclass
-class StreamEvent:
-    """An error that ended one stream: what the agent logs."""
-
-    code: grpc.StatusCode | None  # None: the stream ended without the collector's status
-    details: str
-    at_s: float
-
-    @property
-    def from_client_library(self) -> bool:
-        """A write raced the end of the stream, and the client's gRPC library made up the status."""
-        return self.code is None and WRITE_RACED_END in self.details
-
-
 class SyntheticAgent:
     """The agent's uplink over an in-memory spool (see the module docstring)."""
 
@@ -223,7 +207,7 @@ class SyntheticAgent:
         self.on_ack = on_ack  # called with (self, durable_seq) on each Ack, as it arrives (benchmarks)
         self.spool = MemorySpool(spec.spool_id)
         self.rejections: list[telemetry_pb2.BatchRejection] = []
-        self.errors: list[StreamEvent] = []
+        self.errors: list[SessionError] = []  # of each stream that ended (its code, and str(): what happened)
         self.welcomes: list[telemetry_pb2.Welcome] = []
         self.welcomed_at: list[tuple[float, str]] = []  # (time.monotonic(), address) of each Welcome
         self.acks = 0
@@ -322,4 +306,4 @@ class SyntheticAgent:
             self.on_ack(self, ack.durable_seq)
 
     def ended(self, target: str, error: SessionError) -> None:
-        self.errors.append(StreamEvent(error.code, str(error), time.monotonic()))
+        self.errors.append(error)
