@@ -74,7 +74,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from gpuprobe.errors import ServiceError
 from gpuprobe.fulldisk import free_disk_bytes, is_disk_full
@@ -640,6 +640,68 @@ class Unspooled:
         return dropped_samples, dropped_batches
 
 
+class UplinkSpool(Protocol):
+    """What the uplink (agent/uplink.py) needs of a spool: :class:`AsyncSpool` on disk for the agent,
+    :class:`MemorySpool` for synthetic agents and tests."""
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def batches(self) -> int: ...
+
+    async def state(self) -> SpoolState: ...
+
+    async def read_after(self, seq: int, limit: int) -> list[Stored]: ...
+
+    async def delete_through(self, seq: int) -> Deleted: ...
+
+
+class MemorySpool:
+    """A spool in memory: the seqs and acknowledgements of :class:`Spool` without its disk, cap or
+    recorder, for the load generator (gpuprobe/loadgen.py) and the uplink's tests."""
+
+    def __init__(self, spool_id: str | None = None) -> None:
+        self.spool_id = spool_id or secrets.token_hex(8)
+        self._stored: collections.deque[Stored] = collections.deque()  # in seq order
+        self.last_seq = 0
+        self.bytes = 0
+        self.samples = 0
+
+    @property
+    def batches(self) -> int:
+        return len(self._stored)
+
+    def append(self, seq: int, samples: int, payload: bytes) -> Stored:
+        """Stores a serialized ``SampleBatch`` that carries ``seq``, beyond every seq stored before."""
+        if seq <= self.last_seq:
+            raise ValueError(f"seq {seq} is not beyond the last one, {self.last_seq}")
+        stored = Stored(seq, samples, payload)
+        self._stored.append(stored)
+        self.last_seq = seq
+        self.bytes += len(payload)
+        self.samples += samples
+        return stored
+
+    async def state(self) -> SpoolState:
+        oldest, newest = (self._stored[0].seq, self._stored[-1].seq) if self._stored else (0, 0)
+        return SpoolState(self.spool_id, oldest, newest, len(self._stored), self.samples, self.bytes, self.last_seq)
+
+    async def read_after(self, seq: int, limit: int) -> list[Stored]:
+        after = (stored for stored in self._stored if stored.seq > seq)
+        return [stored for _, stored in zip(range(limit), after, strict=False)]
+
+    async def delete_through(self, seq: int) -> Deleted:
+        batches = samples = 0
+        while self._stored and self._stored[0].seq <= seq:
+            stored = self._stored.popleft()
+            self.bytes -= len(stored.payload)
+            self.samples -= stored.samples
+            batches += 1
+            samples += stored.samples
+        return Deleted(batches, samples)
+
+
 class AsyncSpool:
     """The spool for the event loop: every call runs in one dedicated thread, in order."""
 
@@ -649,6 +711,14 @@ class AsyncSpool:
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    @property
+    def bytes(self) -> int:
+        return self.spool.bytes
+
+    @property
+    def batches(self) -> int:
+        return self.spool.batches
 
     async def append(
         self,

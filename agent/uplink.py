@@ -45,14 +45,14 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
 from gpuprobe.agent.metrics import Counters
 from gpuprobe.agent.settings import UplinkSettings
-from gpuprobe.agent.spool import AsyncSpool, SpoolState, Stored
+from gpuprobe.agent.spool import SpoolState, Stored, UplinkSpool
 from gpuprobe.backoff import Backoff
 from gpuprobe.errors import ProtocolError
 from gpuprobe.v1 import telemetry_pb2
@@ -114,6 +114,16 @@ class SessionError(ProtocolError):
         self.code = code
 
 
+class UplinkEvents(Protocol):
+    """What happens on the streams, for a watcher beside the log and the counters (the load generator)."""
+
+    def welcomed(self, target: str, welcome: telemetry_pb2.Welcome) -> None: ...
+
+    def acked(self, ack: telemetry_pb2.Ack) -> None: ...
+
+    def ended(self, target: str, error: SessionError) -> None: ...
+
+
 @dataclass
 class _Session:
     target: str
@@ -171,9 +181,10 @@ class Uplink:
     def __init__(
         self,
         settings: UplinkSettings,
-        spool: AsyncSpool,
+        spool: UplinkSpool,
         hello: Callable[[SpoolState], telemetry_pb2.Hello],
         counters: Counters,
+        events: UplinkEvents | None = None,
     ) -> None:
         if not settings.targets:
             raise ValueError("no collector address")
@@ -181,6 +192,7 @@ class Uplink:
         self._spool = spool
         self._hello = hello
         self._counters = counters
+        self._events = events
         self._new_batch = asyncio.Event()
         self._fresh: deque[Stored] = deque(maxlen=max(1, settings.max_in_flight_batches))
         self.acked_through = 0  # highest seq acknowledged (on any stream of this process)
@@ -196,7 +208,7 @@ class Uplink:
         self._stopping = False
         self._call: Any = None
         self._task: asyncio.Task[None] | None = None
-        self._sessions = 0
+        self.sessions = 0  # streams opened
         self.target_index = first_choice(settings.agent_id, len(settings.targets)) if settings.agent_id else 0
         self.connected_to: str | None = None
         self._last_failure: tuple[str, Any, str] | None = None
@@ -256,11 +268,10 @@ class Uplink:
                 return
             self._deleted_through = through
             self._last_delete = time.monotonic()
-            spool = self._spool.spool
-            self._counters.set(spool_bytes=spool.bytes, spool_batches=spool.batches)
+            self._counters.set(spool_bytes=self._spool.bytes, spool_batches=self._spool.batches)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="gpuprobe-uplink")
+        self._task = asyncio.create_task(self.run(), name="gpuprobe-uplink")
 
     async def drain(self, timeout_s: float) -> bool:
         """Keep delivering until the spool is empty (True) or ``timeout_s`` passed (False)."""
@@ -298,15 +309,16 @@ class Uplink:
 
     # ------------------------------------------------------------------ the reconnect loop
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Opens one session after another until :meth:`stop` (:meth:`start` runs this in a task)."""
         targets = self.settings.targets
         failures_in_round = 0
         backoff = Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s)
         while not self._stopping:
             target = targets[self.target_index % len(targets)]
-            if self._sessions:
+            if self.sessions:
                 self._counters.add(reconnects=1)
-            self._sessions += 1
+            self.sessions += 1
             session = _Session(target)
             error: SessionError | None = None
             try:
@@ -323,6 +335,11 @@ class Uplink:
                     self.connected_to = None
                     self.state_changed.set()
                 self._counters.set(connected=0)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # gRPC can answer the cancel of a task awaiting a call with an error of its own (or none):
+                # the loop ends as asked instead of reconnecting with the cancel lost
+                raise asyncio.CancelledError
             if self._stopping:
                 break
             if error is not None and self._may_be_plaintext_against_tls(session, error):
@@ -346,6 +363,8 @@ class Uplink:
             else:
                 failures_in_round = 0
                 delay = backoff.next_delay_s()
+            if error is not None and self._events is not None:
+                self._events.ended(target, error)
             self._log_end(session, error, delay, state)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -615,10 +634,14 @@ class Uplink:
                 return
             if response.WhichOneof("kind") == "ack":
                 await self._acked(session, response.ack)
+                if self._events is not None:
+                    self._events.acked(response.ack)
 
     def _welcomed(self, session: _Session, welcome: telemetry_pb2.Welcome) -> None:
         session.welcomed = True
         session.max_message_bytes = int(welcome.max_message_bytes)
+        if self._events is not None:
+            self._events.welcomed(session.target, welcome)
         self.connected_to = session.target
         self.state_changed.set()
         self._counters.set(connected=1)

@@ -9,10 +9,10 @@ the time from a sample to being queryable, all measured in one run on this machi
 2. **Raw**: a fresh InfluxDB (Debian's 1.6, own data directory) takes pre-encoded, pre-gzipped
    5 000-line batches of the same lines, POSTed by 3 threads as fast as it answers. Run before and
    after the end-to-end phase; the ratio uses their mean.
-3. **End to end**: 8 synthetic agents (real gRPC clients, pre-serialized batches of 8 GPUs x 50
-   samples, 32 unacked in flight) -> ``gpuprobe collector`` (its own process, plaintext, default sink
-   settings: 5 000-line gzip batches, 3 in flight) -> the same InfluxDB, from the first batch sent
-   until InfluxDB counts every sample.
+3. **End to end**: 8 synthetic agents (the agent's uplink over an in-memory spool, pre-serialized
+   batches of 8 GPUs x 50 samples, 32 unacked in flight) -> ``gpuprobe collector`` (its own process,
+   plaintext, default sink settings: 5 000-line gzip batches, 3 in flight) -> the same InfluxDB, from
+   the first batch sent until InfluxDB counts every sample.
 4. **Latency**: a steady fleet load (16 agents x 8 GPUs at 10 Hz, flushing every 0.5 s) plus one
    probe agent sending a one-sample batch every 100 ms stamped when sent; a poller queries InfluxDB
    every 20 ms and records when each probe sample becomes visible.
@@ -108,7 +108,7 @@ def reference_rate(lines: int = 200_000) -> float:
 
 
 def make_agents_requests(agents: int, samples: int, per_batch_gpu: int = 50) -> list[tuple[AgentSpec, list[bytes]]]:
-    """Pre-serialized StreamRequests: ``samples`` GPU samples spread over ``agents`` 8-GPU agents."""
+    """Pre-serialized SampleBatches: ``samples`` GPU samples spread over ``agents`` 8-GPU agents."""
     per_batch = 8 * per_batch_gpu
     batches_per_agent = max(1, samples // (agents * per_batch))
     start = time.time_ns() - 2 * 3600 * NS
@@ -120,7 +120,7 @@ def make_agents_requests(agents: int, samples: int, per_batch_gpu: int = 50) -> 
         for seq in range(1, batches_per_agent + 1):
             batch = factory.batch(samples_per_gpu=per_batch_gpu, start_ns=start + seq * per_batch_gpu * NS // 10)
             batch.agent_id, batch.seq = spec.id, seq
-            requests.append(telemetry_pb2.StreamRequest(batch=batch).SerializeToString())
+            requests.append(batch.SerializeToString())
         out.append((spec, requests))
     return out
 
@@ -131,11 +131,8 @@ def encoded_lines(workload: list[tuple[AgentSpec, list[bytes]]]) -> list[bytes]:
         identity = Identity(agent_id=spec.id, host=spec.host, cluster=spec.cluster, virt="passthrough")
         encoder = StreamEncoder(identity, Limits())
         for request in requests:
-            lines.extend(
-                encoder.encode(telemetry_pb2.StreamRequest.FromString(request).batch, time.time_ns()).lines.splitlines(
-                    keepends=True
-                )
-            )
+            batch = telemetry_pb2.SampleBatch.FromString(request)
+            lines.extend(encoder.encode(batch, time.time_ns()).lines.splitlines(keepends=True))
     return lines
 
 
@@ -233,14 +230,14 @@ def cpu_seconds(pid: int) -> float:
 async def end_to_end(
     influx: InfluxDBServer, db: str, workload: list[tuple[AgentSpec, list[bytes]]], port: int
 ) -> tuple[float, int]:
-    total = sum(
-        len(telemetry_pb2.StreamRequest.FromString(r).batch.gpu_samples) for _, requests in workload for r in requests
-    )
+    total = 0
     agents = []
     for spec, requests in workload:
         agent = SyntheticAgent(f"{LOOPBACK}:{port}", spec, window=32)
         for seq, request in enumerate(requests, start=1):
-            agent.enqueue_raw(seq, request)
+            samples = len(telemetry_pb2.SampleBatch.FromString(request).gpu_samples)
+            agent.enqueue_raw(seq, request, samples)
+            total += samples
         agents.append(agent)
     started = time.perf_counter()
     tasks = [asyncio.create_task(agent.run()) for agent in agents]

@@ -543,7 +543,7 @@ async def run(
     closing = await asyncio.gather(
         *(m.agent.close(timeout_s=args.close_timeout_s) for m in fleet), return_exceptions=True
     )
-    unacked = sum(len(m.agent.spool) for m in fleet)
+    unacked = sum(m.agent.unacked for m in fleet)
     if unacked:  # the figures so far still count; what InfluxDB holds is compared with what was acked
         log(f"  {unacked} batches of {sum(isinstance(c, Exception) for c in closing)} agents unacked: giving up")
         for task in tasks:
@@ -552,9 +552,7 @@ async def run(
     results["all_acked_after_stop_s"] = None if unacked else round(time.monotonic() - close_started, 1)
     results["batches_unacked"] = unacked
     expected = {
-        (m.agent.spec.host, str(g)): (m.batches - len(m.agent.spool)) * m.per_gpu
-        for m in fleet
-        for g in range(args.gpus)
+        (m.agent.spec.host, str(g)): (m.batches - m.agent.unacked) * m.per_gpu for m in fleet for g in range(args.gpus)
     }
     total = sum(expected.values())
     log(f"  all acked after {results['all_acked_after_stop_s']} s; waiting for InfluxDB to hold {total} samples")
@@ -585,7 +583,7 @@ async def run(
         "exactly_once": not wrong and not extra,
     }
     results["rejections"] = sum(len(m.agent.rejections) for m in fleet)
-    results["stream_errors"] = Counter(e.code.name for m in fleet for e in m.agent.errors)
+    results["stream_errors"] = Counter(e.code.name if e.code else "no status" for m in fleet for e in m.agent.errors)
     log(f"  InfluxDB: {results['influxdb']}")
     return results
 

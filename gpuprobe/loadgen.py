@@ -1,17 +1,14 @@
-"""Part: top floor. Synthetic agents: real gRPC clients of ``TelemetryService.Stream`` that behave like the agent.
+"""Part: top floor. Synthetic agents: the agent's own uplink, fed by a sample factory instead of GPUs.
 
 It sits on the top floor, beside the CLI and the demo, because it drives one part with another: it
-takes the agent's hash of collectors and its resolution policy to load the collector, and the
-collector may not import the agent (docs/architecture.md, "Allowed imports").
+loads the collector with the agent's uplink and resolution policy, and the collector may not import
+the agent (docs/architecture.md, "Allowed imports").
 
 Used by the collector's tests and benchmarks (and by end-to-end tests that need traffic without
-GPUs). A :class:`SyntheticAgent` keeps its batches in an in-memory spool until they are acked,
-sends ``Hello`` with the spool state first on every stream, keeps a window of unacked batches in
-flight, reconnects with backoff and jitter after any error and then replays everything unacked
-from the oldest, exactly as docs/wire.md asks of an agent. Given several collector addresses it starts at the one the
-agent's stable hash picks (:func:`gpuprobe.agent.uplink.first_choice`) and, after a stream ends with an
-error, tries the next one in the given order at once, pausing with backoff only once every address
-has failed since the last ``Welcome``, as the agent's uplink does. Values come from
+GPUs). A :class:`SyntheticAgent` is :class:`gpuprobe.agent.uplink.Uplink` over a
+:class:`gpuprobe.agent.spool.MemorySpool`: the Hello, the wait for the collector's acceptance, the
+window of unacked batches, the failover over several addresses, the reconnects with backoff and the
+replay are the agent's, so the collector is tested against what agents send. Values come from
 :class:`SampleFactory`: NVML-like readings (integer percentages and degrees, watts from
 milliwatts, an energy counter that only grows), deterministic for a seed.
 
@@ -25,23 +22,20 @@ milliwatts, an energy counter that only grows), deterministic for a seed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import grpc
-
 from gpuprobe import __version__
+from gpuprobe.agent.metrics import Counters
 from gpuprobe.agent.resolution import aggregate_one
-from gpuprobe.agent.uplink import first_choice
-from gpuprobe.backoff import Backoff
+from gpuprobe.agent.settings import TlsSettings, UplinkSettings
+from gpuprobe.agent.spool import MemorySpool, SpoolState
+from gpuprobe.agent.uplink import SessionError, Uplink
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
-METHOD = "/gpuprobe.v1.TelemetryService/Stream"
 NS_PER_S = 1_000_000_000
 
 PROFILES: dict[str, tuple[float, float, int, int]] = {
@@ -190,108 +184,107 @@ def aggregate(
     return aggregate_one(index, start_ns, interval_ms * 1_000_000, rows)
 
 
-# What grpc.aio reports when a write fails because the stream ended under it: the client library
-# makes this status up itself (it replaces the collector's, which is lost), see
-# grpc.aio._call._StreamRequestMixin._write; the agent's uplink knows it by the same text.
-WRITE_RACED_END = "Internal error from Core"
-
-
-@dataclass
-class StreamEvent:
-    """An error that ended one stream: what the agent would log."""
-
-    code: grpc.StatusCode
-    details: str
-    at_s: float
-
-    @property
-    def from_client_library(self) -> bool:
-        """The status was made up by the client's gRPC library (a write raced the end of the
-        stream), not sent by the collector."""
-        return self.code == grpc.StatusCode.INTERNAL and self.details == WRITE_RACED_END
-
-
 class SyntheticAgent:
-    """A gRPC client that behaves like the agent (see the module docstring)."""
+    """The agent's uplink over an in-memory spool (see the module docstring)."""
 
     def __init__(
         self,
         target: str | Sequence[str],
         spec: AgentSpec,
         *,
-        credentials: grpc.ChannelCredentials | None = None,
+        tls: TlsSettings | None = None,
         token: str | None = None,
         window: int = 32,
         seed: int = 0,
         reconnect_initial_s: float = 0.05,
         reconnect_max_s: float = 2.0,
-        channel_options: Sequence[tuple[str, object]] = (),
-        server_name: str | None = None,
         on_ack: Callable[[SyntheticAgent, int], None] | None = None,
     ) -> None:
         self.targets = [target] if isinstance(target, str) else list(target)
-        if not self.targets:
-            raise ValueError("a synthetic agent needs at least one collector address")
         self.spec = spec
-        self.target = self.targets[first_choice(spec.id, len(self.targets))]  # the address in use
         self.factory = SampleFactory(spec, seed)
-        self.credentials = credentials
         self.token = token
-        self.window = window
-        self.reconnect_initial_s = reconnect_initial_s
-        self.reconnect_max_s = reconnect_max_s
-        options = list(channel_options)
-        if server_name:
-            options.append(("grpc.ssl_target_name_override", server_name))
-        self.channel_options = options
         self.on_ack = on_ack  # called with (self, durable_seq) on each Ack, as it arrives (benchmarks)
-        self.spool: OrderedDict[int, bytes] = OrderedDict()  # seq -> serialized StreamRequest
-        self.next_seq = 1
-        self.acked_seq = 0
+        self.spool = MemorySpool(spec.spool_id)
         self.rejections: list[telemetry_pb2.BatchRejection] = []
-        self.errors: list[StreamEvent] = []
+        self.errors: list[SessionError] = []  # of each stream that ended (its code, and str(): what happened)
         self.welcomes: list[telemetry_pb2.Welcome] = []
         self.welcomed_at: list[tuple[float, str]] = []  # (time.monotonic(), address) of each Welcome
-        self._failed_in_round = 0  # sessions that failed since the last Welcome
-        self.streams = 0
         self.acks = 0
-        self._changed = asyncio.Event()
-        self._closing = False
-        self._done = False
-        self._run_error: BaseException | None = None
+        settings = UplinkSettings(
+            self.targets,
+            agent_id=spec.id,
+            tls=tls,
+            token=token,
+            max_in_flight_batches=window,
+            reconnect_min_s=reconnect_initial_s,
+            reconnect_max_s=reconnect_max_s,
+        )
+        self.uplink = Uplink(settings, self.spool, self._hello, Counters(), events=self)
+        self._runner: asyncio.Task[None] | None = None
+
+    @property
+    def target(self) -> str:
+        """The address in use (or tried next)."""
+        return self.targets[self.uplink.target_index % len(self.targets)]
+
+    @property
+    def next_seq(self) -> int:
+        return self.spool.last_seq + 1
+
+    @property
+    def acked_seq(self) -> int:
+        return self.uplink.acked_through
+
+    @property
+    def unacked(self) -> int:
+        """Batches spooled and not acknowledged (the spool deletes acknowledged ones in batches)."""
+        return self.spool.last_seq - self.acked_seq
+
+    @property
+    def streams(self) -> int:
+        return self.uplink.sessions
 
     # --- producing ---------------------------------------------------------------------------------
 
     def enqueue(self, batch: telemetry_pb2.SampleBatch) -> int:
         """Puts ``batch`` into the spool with the next ``seq``; returns it."""
-        seq = self.next_seq
-        self.next_seq += 1
-        batch.agent_id = self.spec.id
-        batch.seq = seq
-        self.spool[seq] = telemetry_pb2.StreamRequest(batch=batch).SerializeToString()
-        self._changed.set()
-        return seq
+        batch.agent_id, batch.seq = self.spec.id, self.next_seq
+        self.enqueue_raw(batch.seq, batch.SerializeToString(), len(batch.gpu_samples) + len(batch.gpu_aggregates))
+        return batch.seq
 
-    def enqueue_raw(self, seq: int, request: bytes) -> None:
-        """A pre-serialized ``StreamRequest`` whose batch already carries ``seq`` (benchmarks)."""
-        self.spool[seq] = request
-        self.next_seq = max(self.next_seq, seq + 1)
-        self._changed.set()
+    def enqueue_raw(self, seq: int, payload: bytes, samples: int = 0) -> None:
+        """A serialized ``SampleBatch`` that carries this agent's id and ``seq`` (benchmarks)."""
+        self.uplink.notify(self.spool.append(seq, samples, payload))
+
+    def _hello(self, state: SpoolState) -> telemetry_pb2.Hello:
+        return telemetry_pb2.Hello(
+            identity=self.spec.identity(),
+            agent_version=f"synthetic/{__version__}",
+            sample_interval_s=0.1,
+            spool_id=state.spool_id,
+            oldest_unacked_seq=state.oldest_seq,
+            newest_unacked_seq=state.newest_seq,
+            time_unix_ns=time.time_ns(),
+        )
+
+    # --- running -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Streams until :meth:`close` finished, reconnecting after every error (the uplink's loop)."""
+        self._runner = asyncio.current_task()
+        await self.uplink.run()
 
     async def close(self, timeout_s: float = 60.0) -> None:
-        """Stops producing; returns once everything is acked and the stream is closed."""
-        self._closing = True
-        self._changed.set()
-        deadline = time.monotonic() + timeout_s
-        while not self._done:
-            if self._run_error is not None:
-                raise RuntimeError(
-                    f"{self.spec.id}: run() ended before everything was acked ({len(self.spool)} batches"
-                    f" unacked): {type(self._run_error).__name__}: {self._run_error}"
-                ) from self._run_error
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.spec.id}: {len(self.spool)} batches still unacked after {timeout_s} s")
-            await asyncio.sleep(0.02)
+        """Stops producing; returns once everything is acked and the stream is half-closed."""
+        drained = asyncio.ensure_future(self.uplink.drain(timeout_s))
+        await asyncio.wait({drained, *([self._runner] if self._runner else [])}, return_when=asyncio.FIRST_COMPLETED)
+        if not drained.done():
+            drained.cancel()
+            raise RuntimeError(f"{self.spec.id}: run() ended before everything was acked ({self.unacked} left)")
+        if not drained.result():
+            raise TimeoutError(f"{self.spec.id}: {self.unacked} batches still unacked after {timeout_s} s")
+        await self.uplink.stop()
 
     async def wait_acked(self, seq: int, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -300,146 +293,17 @@ class SyntheticAgent:
                 raise TimeoutError(f"{self.spec.id}: seq {seq} not acked after {timeout_s} s (acked {self.acked_seq})")
             await asyncio.sleep(0.01)
 
-    # --- the connection loop ---------------------------------------------------------------------
+    # --- the uplink's events (gpuprobe.agent.uplink.UplinkEvents) ----------------------------------
 
-    async def run(self) -> None:
-        """Streams until :meth:`close` finished; reconnects after every error.
+    def welcomed(self, target: str, welcome: telemetry_pb2.Welcome) -> None:
+        self.welcomes.append(welcome)
+        self.welcomed_at.append((time.monotonic(), target))
 
-        Any exception of a session, expected (the RPC's status) or not (a bug, a write into an RPC
-        that ended), is recorded in :attr:`errors` and followed by a reconnect, as the agent does.
-        """
-        backoff = Backoff(self.reconnect_initial_s, self.reconnect_max_s)
-        try:
-            while True:
-                try:
-                    finished = await self._session()
-                except grpc.aio.AioRpcError as exc:
-                    self.errors.append(StreamEvent(exc.code(), exc.details() or "", time.monotonic()))
-                    finished = False
-                except Exception as exc:
-                    self.errors.append(
-                        StreamEvent(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}", time.monotonic())
-                    )
-                    finished = False
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    # the caller cancelled run() while gRPC was setting up or ending a call, and gRPC raised
-                    # an error of its own (or none) in place of the CancelledError: run() ends as asked,
-                    # instead of reconnecting for ever with close() waiting on acks that cannot come
-                    raise asyncio.CancelledError
-                if finished:
-                    self._done = True
-                    return
-                self._failed_in_round += 1
-                if len(self.targets) > 1:  # fail over in the given order
-                    self.target = self.targets[(self.targets.index(self.target) + 1) % len(self.targets)]
-                if self._failed_in_round >= len(self.targets):
-                    await backoff.wait()
-        except BaseException as exc:
-            self._run_error = exc  # close() reports it instead of waiting for acks that cannot come
-            raise
+    def acked(self, ack: telemetry_pb2.Ack) -> None:
+        self.acks += 1
+        self.rejections.extend(ack.rejections)
+        if self.on_ack is not None:
+            self.on_ack(self, ack.durable_seq)
 
-    def _channel(self) -> grpc.aio.Channel:
-        if self.credentials is None:
-            return grpc.aio.insecure_channel(self.target, options=self.channel_options)
-        return grpc.aio.secure_channel(self.target, self.credentials, options=self.channel_options)
-
-    def hello(self) -> bytes:
-        unacked = list(self.spool)
-        return telemetry_pb2.StreamRequest(
-            hello=telemetry_pb2.Hello(
-                identity=self.spec.identity(),
-                agent_version=f"synthetic/{__version__}",
-                sample_interval_s=0.1,
-                spool_id=self.spec.spool_id,
-                oldest_unacked_seq=unacked[0] if unacked else 0,
-                newest_unacked_seq=unacked[-1] if unacked else 0,
-                time_unix_ns=time.time_ns(),
-            )
-        ).SerializeToString()
-
-    async def _session(self) -> bool:
-        metadata = (("authorization", f"Bearer {self.token}"),) if self.token else None
-        async with self._channel() as channel:
-            call = channel.stream_stream(METHOD)(metadata=metadata)
-            self.streams += 1
-            reader = asyncio.create_task(self._read(call))
-            try:
-                await self._write(call, self.hello())
-                sent = 0
-                while True:
-                    if reader.done():
-                        break
-                    in_flight, following = self._window_state(sent)
-                    if following is not None and in_flight < self.window:
-                        await self._write(call, self.spool[following])
-                        sent = following
-                        continue
-                    if self._closing and not self.spool:
-                        await call.done_writing()
-                        await reader
-                        return True
-                    self._changed.clear()
-                    waiter = asyncio.ensure_future(self._changed.wait())
-                    await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                await reader  # raises the RPC error
-                return False
-            except asyncio.CancelledError:
-                call.cancel()
-                raise
-            finally:
-                if not reader.done():
-                    reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                    await reader  # (also retrieves its error when the session ended on a write)
-
-    async def _write(self, call: grpc.aio.StreamStreamCall, request: bytes) -> None:
-        """Writes one request; a failed write ends the session with the RPC's own status.
-
-        A write after the RPC received its final status does not raise ``AioRpcError`` (grpcio 1.85
-        raises ``asyncio.InvalidStateError``), so the status is read from the call, as the agent's
-        uplink does.
-        """
-        try:
-            await call.write(request)
-        except grpc.aio.AioRpcError:
-            raise
-        except Exception as exc:
-            if not call.done():
-                raise
-            raise grpc.aio.AioRpcError(
-                await call.code(), await call.initial_metadata(), await call.trailing_metadata(), await call.details()
-            ) from exc
-
-    def _window_state(self, sent: int) -> tuple[int, int | None]:
-        """How many sent batches are unacked, and the next batch to send (None: all sent)."""
-        in_flight = 0
-        for seq in self.spool:
-            if seq > sent:
-                return in_flight, seq
-            in_flight += 1
-        return in_flight, None
-
-    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
-        async for raw in call:
-            response = telemetry_pb2.StreamResponse.FromString(raw)
-            if response.HasField("welcome"):
-                self.welcomes.append(response.welcome)
-                self.welcomed_at.append((time.monotonic(), self.target))
-                self._failed_in_round = 0
-            elif response.HasField("ack"):
-                self.acks += 1
-                durable = response.ack.durable_seq
-                self.rejections.extend(response.ack.rejections)
-                for seq in [s for s in self.spool if s <= durable]:
-                    del self.spool[seq]
-                self.acked_seq = max(self.acked_seq, durable)
-                if self.on_ack is not None:
-                    self.on_ack(self, durable)
-                self._changed.set()
-        code = await call.code()
-        if code != grpc.StatusCode.OK:
-            raise grpc.aio.AioRpcError(
-                code, await call.initial_metadata(), await call.trailing_metadata(), await call.details()
-            )
+    def ended(self, target: str, error: SessionError) -> None:
+        self.errors.append(error)

@@ -46,7 +46,7 @@ def test_the_uplink_starts_at_its_first_choice_and_fails_over_in_order(tmp_path:
         uplink = Uplink(
             UplinkSettings(targets=TARGETS, agent_id=agent_id), spool, lambda _: telemetry_pb2.Hello(), Counters()
         )
-        tried = [TARGETS[(uplink.target_index + k) % 3] for k in range(4)]  # what _run tries, session by session
+        tried = [TARGETS[(uplink.target_index + k) % 3] for k in range(4)]  # what run() tries, session by session
         await spool.close()
         return tried
 

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from collector_helpers import client_credentials, collector_config, raw_exchange, running, wait_until
 
+from gpuprobe.agent.settings import TlsSettings
 from gpuprobe.collector.auth import AuthConfigError, parse_tokens
 from gpuprobe.collector.settings import CollectorConfigError
 from gpuprobe.devservices import InfluxDBDatabase
@@ -103,7 +104,8 @@ def test_mutual_tls_refuses_a_wrong_ca_no_certificate_and_plaintext_while_servin
     async def scenario() -> None:
         async with running(config) as collector:
             target = f"127.0.0.1:{collector.port}"
-            good = SyntheticAgent(target, AgentSpec("agent-tls", gpus=2), credentials=client_credentials(pki))
+            tls = TlsSettings(ca_path=pki.ca.cert_path, cert_path=pki.client.cert_path, key_path=pki.client.key_path)
+            good = SyntheticAgent(target, AgentSpec("agent-tls", gpus=2), tls=tls)
             task = asyncio.create_task(good.run())
             good.enqueue(good.factory.batch(samples_per_gpu=10))
             await good.wait_acked(1)

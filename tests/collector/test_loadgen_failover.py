@@ -12,10 +12,11 @@ import grpc
 import grpc.aio
 import pytest
 
-from gpuprobe.agent.uplink import first_choice
+from gpuprobe.agent.uplink import METHOD, first_choice
 from gpuprobe.devservices.ports import LOOPBACK
-from gpuprobe.loadgen import METHOD, AgentSpec, SyntheticAgent
+from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import telemetry_pb2
+from gpuprobe.wire.validate import STREAM_ACCEPTED_HEADER
 
 
 class Acking:
@@ -25,6 +26,7 @@ class Acking:
         self.stored: set[int] = set()
 
     async def stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        await context.send_initial_metadata((STREAM_ACCEPTED_HEADER,))  # as the collector does
         async for raw in requests:
             request = telemetry_pb2.StreamRequest.FromString(raw)
             if request.HasField("hello"):
@@ -47,13 +49,6 @@ async def _serve(service: Acking) -> tuple[grpc.aio.Server, str]:
     port = server.add_insecure_port(f"{LOOPBACK}:0")
     await server.start()
     return server, f"{LOOPBACK}:{port}"
-
-
-def test_a_single_address_is_used_as_before() -> None:
-    agent = SyntheticAgent("127.0.0.1:1", AgentSpec("solo", gpus=1))
-    assert agent.targets == ["127.0.0.1:1"] and agent.target == "127.0.0.1:1"
-    with pytest.raises(ValueError, match="at least one"):
-        SyntheticAgent([], AgentSpec("none", gpus=1))
 
 
 @pytest.mark.timeout(60)
