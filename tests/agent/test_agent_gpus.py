@@ -241,6 +241,7 @@ def test_field_values_unpacked_in_one_go_read_as_pynvml_reads_them() -> None:
     assert unpacked == [12345, 4_000_000_000, 2**40 + 5, 2**63 + 7, -5, -7, 65_000]
 
 
+@pytest.mark.slow  # a minute of samples, started early beside the other worker
 def test_an_unprivileged_agent_on_a_mig_h100_streams_10_hz_without_counting_errors(
     tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
 ) -> None:
@@ -248,11 +249,12 @@ def test_an_unprivileged_agent_on_a_mig_h100_streams_10_hz_without_counting_erro
     privileges (the agent ships unprivileged), utilization, encoder/decoder, samples, remapped rows and process
     utilization NOT_SUPPORTED. The simulator answers so to a uid outside its admin_uids (here: this test's
     own). The agent leaves each such read out once (logged once), reads the memory per MIG instance, and
-    samples at 10 Hz on its fast path with a read-error counter that stays at 0: over 60+ ticks and 6
-    health intervals a read counted per tick or per interval would show (the issue's 60 s show nothing more)."""
+    samples at 10 Hz on its fast path with a read-error counter that stays at 0 for 60 s: a read counted
+    per tick or per health interval would show within seconds, a refused read retried once a minute (a
+    MIG-mode check, say) only over the whole minute."""
     h100 = with_overrides(PROFILES["H100-SXM5-80GB"], {"mig_instances": "2"})
     sim = open_machine(tmp_path / "sim", [h100], 0.1, admin_uids=(os.geteuid() + 1,))
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(180)"])
     try:
         _stream_unprivileged_mig(tmp_path, receiver, agent_factory, sim, holder.pid)
     finally:
@@ -272,7 +274,7 @@ def _stream_unprivileged_mig(
     def ticks(batches: dict[int, telemetry_pb2.SampleBatch]) -> list[int]:
         return sorted(s.time_unix_ns for b in batches.values() for s in b.gpu_samples if s.time_unix_ns >= start_ns)
 
-    wait_for_batches(receiver, lambda got: len(ticks(got)) >= 65, "65 samples after the first batch", agent=agent)
+    wait_for_batches(receiver, lambda got: len(ticks(got)) >= 605, "60 s of samples after the first batch", 120, agent)
     assert agent.terminate() == 0
     batches = unique_batches(receiver.batches())
     times = ticks(batches)
