@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_for_batches
 from support import clean_env, gpuprobe_command, stays, wait_until
 
