@@ -61,8 +61,9 @@ nvlink_tx/rx_bytes_per_s               fields 138/139 NVLINK_THROUGHPUT_DATA_TX/
                                        per active link, summed (per link:
                                        ``NvLinkSample`` with the error counters of
                                        nvmlDeviceGetNvLinkErrorCounter, read again
-                                       only when the fields 38/45/52/59 (their
-                                       totals, same call) moved, or after 60 s)
+                                       only when the link's fields 38/45/52/59
+                                       (their totals, scope = link, same call)
+                                       moved, or after 60 s)
 =====================================  ===========================================  ====================
 
 MIG GPU instances (:class:`MigRead`, MIG-enabled GPUs only), the compute processes
@@ -143,9 +144,11 @@ NVLINK_ERROR_COUNTERS = (  # NvLinkSample key, nvmlNvLinkErrorCounter_t
     ("crc_flit_errors", 2),
     ("crc_data_errors", 3),
 )
-# The same counters summed over the links (NVLINK_REPLAY / RECOVERY / CRC_FLIT / CRC_DATA_ERROR_COUNT_TOTAL),
-# read with the throughput fields in one call: while they stand still, no link's counters moved, so the
-# per-link counters (4 calls per link, 72 on an H100) are not read again, at most NVLINK_ERRORS_REREAD_S old.
+# The same counters as fields (NVLINK_REPLAY / RECOVERY / CRC_FLIT / CRC_DATA_ERROR_COUNT_TOTAL): per link,
+# the total over its lanes (nvml.h: "Link ID needs to be specified in the scopeId field"), read for every
+# link with the throughput fields in one call. While a link's totals stand still its counters did not move,
+# so its per-link counters (4 calls per link, 72 on an H100) are not read again, at most
+# NVLINK_ERRORS_REREAD_S old; the GPU's total is the sum over its links of the counters.
 FIELD_NVLINK_ERROR_TOTALS = (52, 59, 38, 45)
 NVLINK_ERRORS_REREAD_S = 60.0
 NVLINK_HEALTH_COUNTERS = frozenset({"crc_flit_errors", "crc_data_errors", "replay_errors"})  # the health rule's
@@ -306,10 +309,11 @@ class _SlowState:
     health_calls: list[_HealthCall] | None = None  # GpuSensor._health_calls, prepared at the first health read
     process_seen_us: int = 0  # the newest process utilization sample's timestamp
     nvlink_calls: _NvLinkCalls | None = None
-    nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, then the error totals
-    nvlink_totals: tuple[int | None, ...] | None = None  # the error totals when the links were read (None: unsupported)
+    nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, then every link's error totals
+    # link -> its error totals when its counters were last read (absent: read them next time)
+    nvlink_totals: dict[int, tuple[int | None, ...]] = field(default_factory=dict)
     nvlink_errors: dict[int, tuple[int | None, ...]] = field(default_factory=dict)  # link -> its counters
-    nvlink_errors_mono: float = 0.0  # when the per-link counters were read
+    nvlink_errors_mono: dict[int, float] = field(default_factory=dict)  # link -> when its counters were read
     nvlink_unsupported: set[str] = field(default_factory=set)  # NVLINK_ERROR_COUNTERS keys NVML does not support
 
 
@@ -837,7 +841,7 @@ class GpuSensor:
             self._refresh_info(gpu)
             gpu.slow.gpm_current = -1  # interval reads start afresh after an outage
             gpu.slow.nvlink_prev.clear()
-            gpu.slow.nvlink_totals = None  # a reset may have zeroed the counters: read every link again
+            gpu.slow.nvlink_totals.clear()  # a reset may have zeroed the counters: read every link again
             self._tell(gpu, False)
         return sample
 
@@ -1018,15 +1022,15 @@ class GpuSensor:
                 return []
             slow.nvlinks = links
             slow.nvlink_calls = self._nvlink_calls(h, links)
-            slow.nvlink_fields = (
-                _plain(pynvml.c_nvmlFieldValue_t) * (2 * len(links) + len(FIELD_NVLINK_ERROR_TOTALS))
-            )()
+            totals_per_link = len(FIELD_NVLINK_ERROR_TOTALS)
+            slow.nvlink_fields = (_plain(pynvml.c_nvmlFieldValue_t) * ((2 + totals_per_link) * len(links)))()
             for i, link in enumerate(links):
                 for j, field_id in enumerate((FIELD_NVLINK_TX_KIB, FIELD_NVLINK_RX_KIB)):
                     slow.nvlink_fields[2 * i + j].fieldId = field_id
                     slow.nvlink_fields[2 * i + j].scopeId = link
-            for i, field_id in enumerate(FIELD_NVLINK_ERROR_TOTALS):
-                slow.nvlink_fields[2 * len(links) + i].fieldId = field_id
+                for j, field_id in enumerate(FIELD_NVLINK_ERROR_TOTALS):
+                    slow.nvlink_fields[2 * len(links) + totals_per_link * i + j].fieldId = field_id
+                    slow.nvlink_fields[2 * len(links) + totals_per_link * i + j].scopeId = link
         if slow.nvlink_calls is None:
             return []
         state_fn, error_fn, per_link = slow.nvlink_calls
@@ -1046,12 +1050,13 @@ class GpuSensor:
         t_ns = sample["time_unix_ns"]
         out: list[NvLinkRead] = []
         rates: dict[int, tuple[float, float]] = {}
-        totals: tuple[int | None, ...] | None = None
+        totals: dict[int, tuple[int | None, ...]] = {}  # link -> its error totals now (absent: not usable)
         if "nvlink_throughput" not in gpu.unsupported:
             array = slow.nvlink_fields
             count = len(per_link) * 2
+            totals_per_link = len(FIELD_NVLINK_ERROR_TOTALS)
             with_totals = "nvlink_error_totals" not in gpu.unsupported
-            rc = self._fv(h, count + len(FIELD_NVLINK_ERROR_TOTALS) if with_totals else count, array)
+            rc = self._fv(h, count + totals_per_link * len(per_link) if with_totals else count, array)
             if rc in GONE:
                 self._lose(gpu, "nvlink_throughput", rc)
                 return []
@@ -1076,35 +1081,38 @@ class GpuSensor:
                         dt = now_s - prev[2]
                         rates[link] = ((tx_kib - prev[0]) * 1024 / dt, (rx_kib - prev[1]) * 1024 / dt)
                 if with_totals:
-                    total_fields = fields[count : count + len(FIELD_NVLINK_ERROR_TOTALS)]
-                    codes = [f[5] for f in total_fields]
-                    if all(c == NVML_ERROR_NOT_SUPPORTED for c in codes):
+                    total_fields = fields[count:]
+                    if all(f[5] == NVML_ERROR_NOT_SUPPORTED for f in total_fields):
                         # an older driver: every link's counters are read every interval, as before
                         gpu.unsupported.add("nvlink_error_totals")
-                    elif all(
-                        c == NVML_SUCCESS or (c == NVML_ERROR_NOT_SUPPORTED and key in slow.nvlink_unsupported)
-                        for c, (key, _) in zip(codes, NVLINK_ERROR_COUNTERS, strict=True)
-                    ):
-                        # a total stands for its counter only; an unsupported counter's total is None
-                        totals = tuple(_unpacked_int(f) if f[5] == NVML_SUCCESS else None for f in total_fields)
+                    unsupported = slow.nvlink_unsupported
+                    for i, (link, _, _, _) in enumerate(per_link):
+                        got = total_fields[totals_per_link * i : totals_per_link * (i + 1)]
+                        if link in active and all(
+                            f[5] == NVML_SUCCESS or (f[5] == NVML_ERROR_NOT_SUPPORTED and key in unsupported)
+                            for f, (key, _) in zip(got, NVLINK_ERROR_COUNTERS, strict=True)
+                        ):
+                            # a total stands for its counter only; an unsupported counter's total is None
+                            totals[link] = tuple(_unpacked_int(f) if f[5] == NVML_SUCCESS else None for f in got)
         errors_read = "nvlink_errors" not in gpu.unsupported
         now_mono = time.monotonic()
         cached = slow.nvlink_errors
-        reuse = (
-            errors_read
-            and totals is not None
-            and totals == slow.nvlink_totals
-            and now_mono - slow.nvlink_errors_mono < NVLINK_ERRORS_REREAD_S
-            and all(link in cached for link in active)
-        )
-        complete = errors_read
         for link, _, _, counters in per_link:
             if link not in active:
                 continue
             errors: tuple[int | None, ...] = ()
+            link_totals = totals.get(link)
+            reuse = (
+                errors_read
+                and link_totals is not None
+                and link_totals == slow.nvlink_totals.get(link)
+                and now_mono - slow.nvlink_errors_mono.get(link, 0.0) < NVLINK_ERRORS_REREAD_S
+                and link in cached
+            )
             if reuse:
                 errors = cached[link]
             elif errors_read:
+                complete = True
                 read: list[int | None] = []
                 for key, args, buffer in counters:
                     if key in slow.nvlink_unsupported:
@@ -1117,7 +1125,7 @@ class GpuSensor:
                     read.append(None)
                     if rc in GONE:
                         self._lose(gpu, "nvlink_errors", rc)
-                        slow.nvlink_totals = None
+                        slow.nvlink_totals.clear()
                         return []
                     elif rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
                         # that counter only (nvml.h: the DL counters are unsupported on Blackwell and newer);
@@ -1135,11 +1143,13 @@ class GpuSensor:
                 if previous is not None and previous == errors:
                     errors = previous  # unchanged: the same tuple, which the sampler compares by identity
                 cached[link] = errors
+                # the link's totals stand for its counters only when every one of them was read
+                if complete and link_totals is not None:
+                    slow.nvlink_totals[link] = link_totals
+                else:
+                    slow.nvlink_totals.pop(link, None)
+                slow.nvlink_errors_mono[link] = now_mono
             out.append(NvLinkRead(gpu.index, link, t_ns, rates.get(link), errors))
-        if not reuse:
-            # the totals stand for these per-link counters only when every one of them was read
-            slow.nvlink_totals = totals if complete else None
-            slow.nvlink_errors_mono = now_mono
         if rates:
             sample["nvlink_tx_bytes_per_s"] = sum(r[0] for r in rates.values())
             sample["nvlink_rx_bytes_per_s"] = sum(r[1] for r in rates.values())

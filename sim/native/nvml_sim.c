@@ -1345,6 +1345,8 @@ typedef struct {
 
 enum { VT_DOUBLE = 0, VT_UINT = 1, VT_ULL = 3, VT_SLL = 4, VT_SINT = 5 };
 
+static int nvlink_error_total_field(unsigned id) { return id == 38 || id == 45 || id == 52 || id == 59; }
+
 static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
     unsigned mw;
     if (f->fieldId >= 138 && f->fieldId <= 141) {
@@ -1357,18 +1359,19 @@ static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
         f->value.ullVal = (unsigned long long)kib;
         return NVML_SUCCESS;
     }
-    if (f->fieldId == 38 || f->fieldId == 45 || f->fieldId == 52 || f->fieldId == 59) {
-        /* NVLINK_CRC_FLIT / CRC_DATA / REPLAY / RECOVERY_ERROR_COUNT_TOTAL: the sums over the links of what
-         * nvmlDeviceGetNvLinkErrorCounter answers (CRC flit and replay move together, the others stay 0) */
+    if (nvlink_error_total_field(f->fieldId)) {
+        /* NVLINK_CRC_FLIT / CRC_DATA / REPLAY / RECOVERY_ERROR_COUNT_TOTAL: per link, as nvml.h says ("Link ID
+         * needs to be specified in the scopeId field"; the total is over the link's lanes): what
+         * nvmlDeviceGetNvLinkErrorCounter answers for link scopeId (CRC flit and replay move together, the
+         * others stay 0) */
         if (!g->nvlink_links) return NVML_ERROR_NOT_SUPPORTED;
-        /* the counter each total sums: 52 DL_REPLAY (0), 59 DL_RECOVERY (1), 38 DL_CRC_FLIT (2), 45 DL_CRC_DATA (3) */
+        if (f->scopeId >= g->nvlink_links) return NVML_ERROR_INVALID_ARGUMENT;
+        /* the counter each total stands for: 52 DL_REPLAY (0), 59 DL_RECOVERY (1), 38 DL_CRC_FLIT (2), 45 DL_CRC_DATA (3) */
         unsigned counter = f->fieldId == 52 ? 0 : f->fieldId == 59 ? 1 : f->fieldId == 38 ? 2 : 3;
         if (g->nvlink_unsupported >> counter & 1) return NVML_ERROR_NOT_SUPPORTED;
-        unsigned long long total = 0;
-        for (unsigned l = 0; l < g->nvlink_links; l++)
-            total += f->fieldId == 38 ? g->nvlink_crc_flit[l] : f->fieldId == 52 ? g->nvlink_replay[l] : 0;
+        unsigned l = f->scopeId;
         f->valueType = VT_ULL;
-        f->value.ullVal = total;
+        f->value.ullVal = f->fieldId == 38 ? g->nvlink_crc_flit[l] : f->fieldId == 52 ? g->nvlink_replay[l] : 0;
         return NVML_SUCCESS;
     }
     switch (f->fieldId) {
@@ -1413,7 +1416,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int n, nvmlFieldV
         f->timestamp = ts_us;
         f->latencyUsec = 0;
         f->value.ullVal = 0;
-        int per_link = f->fieldId >= 138 && f->fieldId <= 141; /* scopeId is the link */
+        /* scopeId is the link: the throughput counters and the error totals */
+        int per_link = (f->fieldId >= 138 && f->fieldId <= 141) || nvlink_error_total_field(f->fieldId);
         f->nvmlReturn = f->scopeId > 1 && !per_link ? NVML_ERROR_NOT_SUPPORTED : read_field(g, f);
         any |= f->nvmlReturn == NVML_SUCCESS;
     }

@@ -388,6 +388,13 @@ def test_nvlink_state_errors_and_throughput(sim: Sim, cli: Callable[..., Complet
         crc = [N.nvmlDeviceGetNvLinkErrorCounter(h, l, N.NVML_NVLINK_ERROR_DL_CRC_FLIT) for l in (0, 3)]
         replay = [N.nvmlDeviceGetNvLinkErrorCounter(h, l, N.NVML_NVLINK_ERROR_DL_REPLAY) for l in (0, 3)]
         recovery = N.nvmlDeviceGetNvLinkErrorCounter(h, 3, N.NVML_NVLINK_ERROR_DL_RECOVERY)
+        # the error totals are per link (nvml.h: scopeId is the link; the total over its lanes)
+        total_ids = (N.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, N.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+                     N.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, N.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL)
+        def link_totals(link):
+            fields = N.nvmlDeviceGetFieldValues(h, [(i, link) for i in total_ids])
+            return [(f.nvmlReturn, f.value.ullVal) for f in fields]
+        totals = {link: link_totals(link) for link in (0, 3, 17, 18)}
         def tx(link):
             f = N.nvmlDeviceGetFieldValues(h, [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link)])[0]
             assert f.nvmlReturn == 0, f.nvmlReturn
@@ -399,13 +406,17 @@ def test_nvlink_state_errors_and_throughput(sim: Sim, cli: Callable[..., Complet
         time.sleep(0.5)
         t1, b = same_tick(h, lambda: tx(5))
         l4_field = N.nvmlDeviceGetFieldValues(H[1], [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)])[0].nvmlReturn
-        emit(dict(state=state, beyond=beyond, l4=l4, crc=crc, replay=replay, recovery=recovery, idle=idle,
-                  rate_kib_s=(b - a) / ((t1 - t0) / 1e6), l4_field=l4_field))
+        emit(dict(state=state, beyond=beyond, l4=l4, crc=crc, replay=replay, recovery=recovery, totals=totals,
+                  idle=idle, rate_kib_s=(b - a) / ((t1 - t0) / 1e6), l4_field=l4_field))
         """,
         ),
     )
     assert out["state"] == [1] * 18 and out["beyond"] == "err2" and out["l4"] == "err3"
     assert out["crc"] == [0, 5] and out["replay"] == [0, 5] and out["recovery"] == 0
+    # CRC flit, replay, CRC data, recovery of link 0, 3, 17: that link's counters; link 18 is beyond
+    assert out["totals"]["0"] == [[0, 0]] * 4 and out["totals"]["17"] == [[0, 0]] * 4
+    assert out["totals"]["3"] == [[0, 5], [0, 5], [0, 0], [0, 0]]
+    assert [rc for rc, _ in out["totals"]["18"]] == [pynvml.NVML_ERROR_INVALID_ARGUMENT] * 4
     assert out["idle"] == [0, 0]
     # generic load at 100 %: DRAM_BW 40 % -> 25 GB/s x 0.5 x 0.4 = 5 GB/s per link and direction
     assert out["rate_kib_s"] == pytest.approx(5e9 / 1024, rel=0.02)
