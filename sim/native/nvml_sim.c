@@ -807,8 +807,10 @@ EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int lengt
 
 EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
     if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    /* "<CUDA major the driver supports>.<driver version>", as the driver's library answers (13.580.65.06 for
+     * driver 580.65.06, CUDA 13.0: NVML API 13, the header's NVML_API_VERSION) */
     char v[96];
-    snprintf(v, sizeof v, "12.%s", g_driver_version);
+    snprintf(v, sizeof v, "%d.%s", g_cuda_driver_version / 1000, g_driver_version);
     return copy_str(version, length, v);
 }
 
@@ -956,7 +958,8 @@ EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *
     if (mig_of(dev)) return mig_is_mig(dev, v);
     BEGIN(dev) NEED(v) *v = 0; DONE
 }
-static int mig_capable(const sim_gpu *g) { return g->brand == 2 && g->architecture >= 7 && g->cc_minor == 0; }
+/* the datacenter parts (NVML_BRAND_NVIDIA, 14) of compute capability x.0, Ampere and newer: A100, H100, H200 */
+static int mig_capable(const sim_gpu *g) { return g->brand == 14 && g->architecture >= 7 && g->cc_minor == 0; }
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *cur, unsigned int *pending) {
     BEGIN(dev) NEED(cur) NEED(pending)
     if (!mig_capable(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
@@ -1345,8 +1348,6 @@ typedef struct {
 
 enum { VT_DOUBLE = 0, VT_UINT = 1, VT_ULL = 3, VT_SLL = 4, VT_SINT = 5 };
 
-static int nvlink_error_total_field(unsigned id) { return id == 38 || id == 45 || id == 52 || id == 59; }
-
 static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
     unsigned mw;
     if (f->fieldId >= 138 && f->fieldId <= 141) {
@@ -1359,7 +1360,7 @@ static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
         f->value.ullVal = (unsigned long long)kib;
         return NVML_SUCCESS;
     }
-    if (nvlink_error_total_field(f->fieldId)) {
+    if (f->fieldId == 38 || f->fieldId == 45 || f->fieldId == 52 || f->fieldId == 59) {
         /* NVLINK_CRC_FLIT / CRC_DATA / REPLAY / RECOVERY_ERROR_COUNT_TOTAL: per link, as nvml.h says ("Link ID
          * needs to be specified in the scopeId field"; the total is over the link's lanes): what
          * nvmlDeviceGetNvLinkErrorCounter answers for link scopeId (CRC flit and replay move together, the
@@ -1417,7 +1418,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int n, nvmlFieldV
         f->latencyUsec = 0;
         f->value.ullVal = 0;
         /* scopeId is the link: the throughput counters and the error totals */
-        int per_link = (f->fieldId >= 138 && f->fieldId <= 141) || nvlink_error_total_field(f->fieldId);
+        unsigned id = f->fieldId;
+        int per_link = (id >= 138 && id <= 141) || id == 38 || id == 45 || id == 52 || id == 59;
         f->nvmlReturn = f->scopeId > 1 && !per_link ? NVML_ERROR_NOT_SUPPORTED : read_field(g, f);
         any |= f->nvmlReturn == NVML_SUCCESS;
     }

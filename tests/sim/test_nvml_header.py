@@ -427,7 +427,9 @@ def _python_constants() -> list[tuple[str, Any, str]]:
         ("profiles.ARCH_AMPERE", profiles.ARCH_AMPERE, "NVML_DEVICE_ARCH_AMPERE"),
         ("profiles.ARCH_ADA", profiles.ARCH_ADA, "NVML_DEVICE_ARCH_ADA"),
         ("profiles.ARCH_HOPPER", profiles.ARCH_HOPPER, "NVML_DEVICE_ARCH_HOPPER"),
-        ("profiles.BRAND_TESLA", profiles.BRAND_TESLA, "NVML_BRAND_TESLA"),
+        ("profiles.BRAND_NVIDIA", profiles.BRAND_NVIDIA, "NVML_BRAND_NVIDIA"),
+        # the simulated driver's CUDA major: the NVML version's first number, the header's API version
+        ("state.CUDA_DRIVER_VERSION // 1000", state.CUDA_DRIVER_VERSION // 1000, "NVML_API_VERSION"),
         ("profiles.BRAND_GEFORCE", profiles.BRAND_GEFORCE, "NVML_BRAND_GEFORCE"),
         ("profiles.VIRT_NONE", profiles.VIRT_NONE, "NVML_GPU_VIRTUALIZATION_MODE_NONE"),
         ("profiles.VIRT_PASSTHROUGH", profiles.VIRT_PASSTHROUGH, "NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH"),
