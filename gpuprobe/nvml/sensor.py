@@ -66,7 +66,9 @@ nvlink_tx/rx_bytes_per_s               fields 138/139 NVLINK_THROUGHPUT_DATA_TX/
                                        moved, or after 60 s)
 =====================================  ===========================================  ====================
 
-MIG GPU instances (:class:`MigRead`, MIG-enabled GPUs only), the compute processes
+MIG GPU instances (:class:`MigRead`, MIG-enabled GPUs only: each instance's memory and SMs, and its GPM
+metrics under the same keys as the GPU's, from nvmlGpmMigSampleGet on the parent's handle with the
+instance's id, as DCGM samples a MIG-enabled GPU), the compute processes
 (:meth:`GpuSensor.read_processes`, :meth:`GpuSensor.read_process_utilization`) and NVML's event set
 (:class:`EventSource`, waited on by :mod:`gpuprobe.agent.sensors.events` in its own thread) are read
 here too, so that NVML stays behind one boundary. ``GpuInfo.mig_enabled`` and
@@ -298,14 +300,26 @@ _HealthCall = tuple[str, Callable[..., int], tuple[Any, ...], Callable[[dict[str
 
 
 @dataclass
+class _GpmState:
+    """The GPM reads of one source, the whole GPU or one MIG GPU instance: two sample buffers used in turn,
+    ``take(buffer)`` filling one (nvmlGpmSampleGet or nvmlGpmMigSampleGet, called directly), and the two
+    metrics requests over them, allocated once (building one per read, with pynvml's structures, had cost
+    more than the NVML calls)."""
+
+    take: Callable[[Any], int]
+    samples: list[Any]
+    requests: list[Any]  # [i]: the metrics request whose second sample is buffer i
+    current: int = -1  # which buffer holds the last sample (-1: none yet)
+
+
+@dataclass
 class _SlowState:
     """What the health reads keep per GPU between intervals."""
 
     nvlinks: list[int] | None = None  # the links NVML answers for (None: not discovered yet)
     nvlink_prev: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # link -> tx KiB, rx KiB, s
-    gpm_samples: list[Any] = field(default_factory=list)  # two GPM sample buffers, used in turn
-    gpm_current: int = -1  # which buffer holds the last sample (-1: none yet)
-    gpm_requests: list[Any] = field(default_factory=list)  # [i]: the metrics request whose second sample is buffer i
+    gpm: _GpmState | None = None  # the whole GPU's GPM (None: not prepared yet)
+    gpm_migs: dict[int, _GpmState] = field(default_factory=dict)  # GPU instance id -> its GPM (MIG-enabled GPUs)
     health_calls: list[_HealthCall] | None = None  # GpuSensor._health_calls, prepared at the first health read
     process_seen_us: int = 0  # the newest process utilization sample's timestamp
     nvlink_calls: _NvLinkCalls | None = None
@@ -839,7 +853,10 @@ class GpuSensor:
             gpu.lost = False
             log.warning("%s answers again; sampling it resumes", gpu.label)
             self._refresh_info(gpu)
-            gpu.slow.gpm_current = -1  # interval reads start afresh after an outage
+            # interval reads start afresh after an outage
+            for gpm in [gpu.slow.gpm, *gpu.slow.gpm_migs.values()]:
+                if gpm is not None:
+                    gpm.current = -1
             gpu.slow.nvlink_prev.clear()
             gpu.slow.nvlink_totals.clear()  # a reset may have zeroed the counters: read every link again
             self._tell(gpu, False)
@@ -1175,53 +1192,88 @@ class GpuSensor:
         return state_fn, error_fn, per_link
 
     def _read_gpm(self, gpu: _Gpu, sample: Sample) -> None:
+        """The whole GPU's GPM metrics over the last interval, into ``sample``."""
         slow = gpu.slow
-        if "gpm" in gpu.unsupported:
+        if slow.gpm is None:
+            sample_get = self._gpm_functions[0]
+            handle = gpu.handle
+            slow.gpm = self._gpm_state(gpu, "gpm", functools.partial(sample_get, handle))
+        if slow.gpm is not None:
+            self._gpm_metrics(gpu, "gpm", slow.gpm, sample)
+
+    def _gpm_state(self, gpu: _Gpu, key: str, take: Callable[[Any], int]) -> _GpmState | None:
+        """Two sample buffers and their requests for one GPM source; None when ``key`` is left out."""
+        if key in gpu.unsupported:
+            return None
+        allocated = [self._slow_call(gpu, key, pynvml.nvmlGpmSampleAlloc) for _ in range(2)]
+        if any(a is None for a in allocated):
+            return None
+        requests = []
+        for nxt in (0, 1):
+            request = _gpm_request_type()()
+            request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1 = allocated[1 - nxt]
+            request.sample2 = allocated[nxt]
+            for i, (_, metric) in enumerate(GPM_METRICS):
+                request.metrics[i].metricId = metric
+            requests.append(request)
+        return _GpmState(take, allocated, requests)
+
+    def _gpm_metrics(self, gpu: _Gpu, key: str, gpm: _GpmState, out: dict[str, Any]) -> None:
+        """Takes ``gpm``'s next sample and puts the metrics between it and the previous one into ``out``."""
+        if key in gpu.unsupported:
             return
-        if not slow.gpm_samples:
-            allocated = [self._slow_call(gpu, "gpm", pynvml.nvmlGpmSampleAlloc) for _ in range(2)]
-            if any(a is None for a in allocated):
-                return
-            slow.gpm_samples = allocated
-            # the two requests, allocated once (the buffers are used in turn): building one per read, with
-            # pynvml's structures, had cost more than the NVML calls
-            for nxt in (0, 1):
-                request = _gpm_request_type()()
-                request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-                request.numMetrics = len(GPM_METRICS)
-                request.sample1 = allocated[1 - nxt]
-                request.sample2 = allocated[nxt]
-                for i, (_, metric) in enumerate(GPM_METRICS):
-                    request.metrics[i].metricId = metric
-                slow.gpm_requests.append(request)
-        sample_get, metrics_get = self._gpm_functions
-        nxt = 0 if slow.gpm_current != 0 else 1
-        rc = sample_get(gpu.handle, slow.gpm_samples[nxt])
+        metrics_get = self._gpm_functions[1]
+        nxt = 0 if gpm.current != 0 else 1
+        rc = gpm.take(gpm.samples[nxt])
         if rc != NVML_SUCCESS:
-            self._slow_call(gpu, "gpm", _raise, rc)
-            slow.gpm_current = -1
+            self._slow_call(gpu, key, _raise, rc)
+            gpm.current = -1
             return
-        previous, slow.gpm_current = slow.gpm_current, nxt
+        previous, gpm.current = gpm.current, nxt
         if previous < 0:
             return
-        request = slow.gpm_requests[nxt]
+        request = gpm.requests[nxt]
         rc = metrics_get(ctypes.byref(request))
         if rc != NVML_SUCCESS:
-            self._slow_call(gpu, "gpm", _raise, rc)
+            self._slow_call(gpu, key, _raise, rc)
             return
         metrics = request.metrics
-        for i, (key, _) in enumerate(GPM_METRICS):
+        for i, (name, _) in enumerate(GPM_METRICS):
             m = metrics[i]
             if m.nvmlReturn == NVML_SUCCESS:
-                sample[key] = float(m.value)
+                out[name] = float(m.value)
+
+    def _read_mig_gpm(self, gpu: _Gpu, instances: dict[int, dict[str, Any]]) -> None:
+        """Each GPU instance's GPM metrics over the last interval into its values: nvmlGpmMigSampleGet on
+        the parent's handle with the instance's id, as DCGM samples a MIG-enabled GPU's instances (the whole
+        GPU's GPM, when it answers, goes into the GPU's own sample as on any GPU)."""
+        slow = gpu.slow
+        for gi in [gi for gi in slow.gpm_migs if gi not in instances]:  # an instance that is gone
+            for buffer in slow.gpm_migs.pop(gi).samples:
+                _optional(functools.partial(pynvml.nvmlGpmSampleFree, buffer))
+        mig_get = self._gpm_functions[2]
+        handle = gpu.handle
+        for gi, values in instances.items():
+            gpm = slow.gpm_migs.get(gi)
+            if gpm is None:
+                gpm = self._gpm_state(gpu, "gpm_mig", functools.partial(mig_get, handle, ctypes.c_uint(gi)))
+                if gpm is None:
+                    return
+                slow.gpm_migs[gi] = gpm
+            self._gpm_metrics(gpu, "gpm_mig", gpm, values)
+            if gpu.lost:
+                return
 
     @functools.cached_property
-    def _gpm_functions(self) -> tuple[Callable[..., int], Callable[..., int]]:
-        """nvmlGpmSampleGet and nvmlGpmMetricsGet, called directly (a missing one answers
-        FUNCTION_NOT_FOUND, so GPM is left out as unsupported)."""
+    def _gpm_functions(self) -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]]:
+        """nvmlGpmSampleGet, nvmlGpmMetricsGet and nvmlGpmMigSampleGet, called directly (a missing one
+        answers FUNCTION_NOT_FOUND, so its GPM is left out as unsupported)."""
         return (
             self._function("nvmlGpmSampleGet") or _missing_function,
             self._function("nvmlGpmMetricsGet") or _missing_function,
+            self._function("nvmlGpmMigSampleGet") or _missing_function,
         )
 
     def _read_migs(self, gpu: _Gpu, t_ns: int) -> list[MigRead]:
@@ -1257,6 +1309,10 @@ class GpuSensor:
             if sms is not None:
                 values["multiprocessor_count"] = sms
             instances[gi] = values
+        if gpu.info.gpm_supported:
+            self._read_mig_gpm(gpu, instances)
+            if gpu.lost:
+                return []
         return [MigRead(v) for _, v in sorted(instances.items())]
 
     def read_processes(self, index: int) -> list[ProcessRead] | None:

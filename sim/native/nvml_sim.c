@@ -1850,6 +1850,7 @@ typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
 typedef struct sim_gpm_sample {
     unsigned magic;
     sim_gpu *gpu; /* NULL until nvmlGpmSampleGet filled it */
+    int instance; /* the MIG GPU instance (its index) it was taken of; -1: the whole GPU */
     int64_t t_us;  /* the start of the tick it was taken in */
     double acc[GPM_N], rate[GPM_N];
 } *nvmlGpmSample_t;
@@ -1896,15 +1897,51 @@ EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
     return NVML_SUCCESS;
 }
 
-/* A sample holds the activity integrals up to the start of the present tick and the present tick's rates. */
+/* A sample holds the activity integrals up to the start of the present tick and the present tick's rates:
+ * the whole GPU's (instance -1), or one MIG GPU instance's. The load's process runs in the first instance
+ * (as the process lists say), so that instance is as active as the load and the others are idle; the parent
+ * keeps answering as a whole GPU. */
+static void gpm_fill(sim_gpu *g, int instance, struct sim_gpm_sample *sample) {
+    sample->gpu = g;
+    sample->instance = instance;
+    sample->t_us = g->hist[g->k % HISTORY].t_us;
+    if (instance <= 0) {
+        memcpy(sample->acc, g->gpm_acc, sizeof sample->acc);
+        memcpy(sample->rate, g->gpm_rate, sizeof sample->rate);
+    } else {
+        memset(sample->acc, 0, sizeof sample->acc);
+        memset(sample->rate, 0, sizeof sample->rate);
+    }
+}
+static nvmlReturn_t mig_gpm_sample(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+    BEGIN_MIG(dev)
+    if (!sample || sample->magic != GPM_SAMPLE_MAGIC) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpm_supported(m->parent)) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    gpm_fill(m->parent, (int)m->index, sample);
+    DONE
+}
 EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+    /* nvml.h: "This API supports the device handle and MIG device handle" */
+    if (mig_of(dev)) return mig_gpm_sample(dev, sample);
     BEGIN(dev)
     if (!sample || sample->magic != GPM_SAMPLE_MAGIC) FAIL(NVML_ERROR_INVALID_ARGUMENT);
     if (!gpm_supported(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
-    sample->gpu = g;
-    sample->t_us = g->hist[g->k % HISTORY].t_us;
-    memcpy(sample->acc, g->gpm_acc, sizeof sample->acc);
-    memcpy(sample->rate, g->gpm_rate, sizeof sample->rate);
+    gpm_fill(g, -1, sample);
+    DONE
+}
+/* One GPU instance of a MIG-enabled GPU by its GPU instance id, on the parent's handle (what DCGM samples).
+ * nvml.h documents no particular error codes; the simulator's: NOT_SUPPORTED without GPM, INVALID_ARGUMENT
+ * with MIG off (as nvmlDeviceGetMigDeviceHandleByIndex), NOT_FOUND for an id that is no instance of the GPU. */
+EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int gpuInstanceId, nvmlGpmSample_t sample) {
+    BEGIN(dev)
+    if (!sample || sample->magic != GPM_SAMPLE_MAGIC) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpm_supported(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    if (!g->mig_instances) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    int found = -1;
+    for (unsigned i = 0; i < g->mig_instances; i++)
+        if (MIG_GI_IDS[i] == gpuInstanceId) found = (int)i;
+    if (found < 0) FAIL(NVML_ERROR_NOT_FOUND);
+    gpm_fill(g, found, sample);
     DONE
 }
 
@@ -1922,8 +1959,9 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg) {
     if (!mg) return NVML_ERROR_INVALID_ARGUMENT;
     if (mg->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     struct sim_gpm_sample *a = mg->sample1, *b = mg->sample2;
-    if (!a || !b || a->magic != GPM_SAMPLE_MAGIC || b->magic != GPM_SAMPLE_MAGIC || !a->gpu || a->gpu != b->gpu)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!a || !b || a->magic != GPM_SAMPLE_MAGIC || b->magic != GPM_SAMPLE_MAGIC || !a->gpu || a->gpu != b->gpu ||
+        a->instance != b->instance)
+        return NVML_ERROR_INVALID_ARGUMENT; /* two samples of one GPU, or of one GPU instance */
     if (mg->numMetrics == 0 || mg->numMetrics > NVML_GPM_METRIC_MAX) return NVML_ERROR_INVALID_ARGUMENT;
     if (b->t_us < a->t_us) { struct sim_gpm_sample *t = a; a = b; b = t; }
     double dt = (double)(b->t_us - a->t_us) / 1e6;

@@ -805,6 +805,7 @@ AGENT_CALLS: dict[str, list[str]] = {
     "nvmlDeviceGetNvLinkState": ["h", "c_uint", "&c_uint"],
     "nvmlDeviceGetNvLinkErrorCounter": ["h", "c_uint", "c_int", "&c_ulonglong"],
     "nvmlGpmSampleGet": ["h", "gpm"],
+    "nvmlGpmMigSampleGet": ["h", "c_uint", "gpm"],
     "nvmlGpmMetricsGet": ["&nvmlGpmMetricsGet_t"],
     "nvmlDeviceGetFanSpeedRPM": ["h", "&nvmlFanSpeedInfo_t"],
 }

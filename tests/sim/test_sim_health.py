@@ -371,6 +371,62 @@ def test_gpm_on_hopper_only_with_activity_that_follows_the_workload(sim: Sim) ->
     assert out["putil"] == [[out["me"], 100]]
 
 
+def test_gpm_per_mig_instance_follows_the_process_placement(sim: Sim) -> None:
+    """nvmlGpmMigSampleGet (what DCGM samples each GPU instance with) answers per GPU instance: the load's
+    process runs in the first instance (GI 7, as the process lists say), which is as active as the load; the
+    other instances are idle. nvmlGpmSampleGet on a MIG device handle gives the same ("supports the device
+    handle and MIG device handle", nvml.h); samples of two instances do not make a metric."""
+    mig = with_overrides(PROFILES["H100-SXM5-80GB"], {"mig_instances": "3"})
+    machine = sim.machine([mig, PROFILES["H100-SXM5-80GB"]], period_s=PERIOD_S)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            GPM_READ,
+            """
+        def metrics(a, b):
+            mg = N.c_nvmlGpmMetricsGet_t()
+            mg.version = N.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(IDS)
+            mg.sample1, mg.sample2 = a, b
+            for k, m in enumerate(IDS):
+                mg.metrics[k].metricId = m
+            N.nvmlGpmMetricsGet(mg)
+            return {str(mg.metrics[k].metricId): mg.metrics[k].value for k in range(len(IDS))}
+
+        sim_cli("load", "--gpu", "0", "--util", "100", "--workload", "gpt")
+        time.sleep(0.2)
+        gis = (7, 8, 9)
+        migs = [N.nvmlDeviceGetMigDeviceHandleByIndex(H[0], i) for i in range(3)]
+        first = {gi: N.nvmlGpmMigSampleGet(H[0], gi, N.nvmlGpmSampleAlloc()) for gi in gis}
+        on_handle = N.nvmlGpmSampleGet(migs[1], N.nvmlGpmSampleAlloc())
+        time.sleep(0.5)
+        second = {gi: N.nvmlGpmMigSampleGet(H[0], gi, N.nvmlGpmSampleAlloc()) for gi in gis}
+        by_gi = {gi: metrics(first[gi], second[gi]) for gi in gis}
+        handle_first = N.nvmlGpmSampleGet(migs[0], N.nvmlGpmSampleAlloc())
+        time.sleep(0.2)
+        by_handle = metrics(handle_first, N.nvmlGpmSampleGet(migs[0], N.nvmlGpmSampleAlloc()))
+        mixed = err_name(lambda: metrics(first[7], second[8]))
+        unknown = err_name(lambda: N.nvmlGpmMigSampleGet(H[0], 10, N.nvmlGpmSampleAlloc()))
+        mig_off = err_name(lambda: N.nvmlGpmMigSampleGet(H[1], 7, N.nvmlGpmSampleAlloc()))
+        whole = gpm_over([0], 0.2)[0]
+        emit(dict(by_gi=by_gi, by_handle=by_handle, mixed=mixed, unknown=unknown, mig_off=mig_off, whole=whole))
+        """,
+        ),
+    )
+    sm, tensor = "2", "5"
+    gpt_sm, _, gpt_tensor, *_ = WORKLOAD_ACTIVITY["gpt"]
+    assert out["by_gi"]["7"][sm] == pytest.approx(100 * gpt_sm, abs=0.5)
+    assert out["by_gi"]["7"][tensor] == pytest.approx(100 * gpt_tensor, abs=0.5)
+    for gi in ("8", "9"):
+        assert all(v == 0.0 for v in out["by_gi"][gi].values()), f"GI {gi} runs nothing"
+    assert out["by_handle"][sm] == pytest.approx(out["by_gi"]["7"][sm], abs=0.5), "the MIG handle: the same"
+    assert out["mixed"] == f"err{pynvml.NVML_ERROR_INVALID_ARGUMENT}"
+    assert out["unknown"] == f"err{pynvml.NVML_ERROR_NOT_FOUND}"
+    assert out["mig_off"] == f"err{pynvml.NVML_ERROR_INVALID_ARGUMENT}"
+    assert out["whole"][sm] == pytest.approx(out["by_gi"]["7"][sm], abs=0.5), "the parent answers as a whole GPU"
+
+
 def test_nvlink_state_errors_and_throughput(sim: Sim, cli: Callable[..., CompletedProcess[str]]) -> None:
     profiles = [PROFILES["H100-SXM5-80GB"], PROFILES["L4"]]
     machine = sim.machine(profiles, period_s=PERIOD_S)
