@@ -469,6 +469,15 @@ def _python_constants() -> list[tuple[str, Any, str]]:
         )
     out.append(("check.FIELD_PCIE_REPLAY", literals["FIELD_PCIE_REPLAY"], "NVML_FI_DEV_PCIE_REPLAY_COUNTER"))
     out.append(("check.FIELD_NVLINK_STATE", literals["FIELD_NVLINK_STATE"], "NVML_FI_DEV_NVLINK_GET_STATE"))
+    for name, (counter, total) in literals["NVLINK_COUNTERS"].items():
+        kind = name.upper()
+        out.append((f"check.NVLINK_COUNTERS[{name}] counter", counter, f"NVML_NVLINK_ERROR_DL_{kind}"))
+        if total is not None:
+            out.append((f"check.NVLINK_COUNTERS[{name}] field", total, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_TOTAL"))
+    # the right version word of each versioned call whose wrong words the check tries
+    out.append(("check.MEMORY_V2_WORDS[0]", literals["MEMORY_V2_WORDS"][0], "nvmlMemory_v2"))
+    out.append(("check.TEMPERATURE_WORDS[0]", literals["TEMPERATURE_WORDS"][0], "nvmlTemperature_v1"))
+    out.append(("check.GPM_METRICS_GET_WORDS[0]", literals["GPM_METRICS_GET_WORDS"][0], "NVML_GPM_METRICS_GET_VERSION"))
     return out
 
 
