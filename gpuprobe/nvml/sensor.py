@@ -219,6 +219,9 @@ def _gpm_request_type() -> Any:
 
 # nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value (a union of 8 bytes)
 _FIELD_VALUE = struct.Struct("=IIqqiiQ")
+# one field's nvmlReturn and value's 8 raw bytes only (the rest skipped), for the NVLink error totals, which
+# are only compared with what they were
+_FIELD_ANSWER = "=24x4xiQ"
 
 
 def _unpacked_int(f: tuple[int, ...]) -> int:
@@ -324,8 +327,10 @@ class _SlowState:
     process_seen_us: int = 0  # the newest process utilization sample's timestamp
     nvlink_calls: _NvLinkCalls | None = None
     nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, then every link's error totals
-    # link -> its error totals when its counters were last read (absent: read them next time)
-    nvlink_totals: dict[int, tuple[int | None, ...]] = field(default_factory=dict)
+    nvlink_answers: struct.Struct | None = None  # every link's totals' (nvmlReturn, raw value), in one unpack
+    # link -> its error totals' (nvmlReturn, raw value) pairs when its counters were last read, flat (absent:
+    # read them next time)
+    nvlink_totals: dict[int, tuple[int, ...]] = field(default_factory=dict)
     nvlink_errors: dict[int, tuple[int | None, ...]] = field(default_factory=dict)  # link -> its counters
     nvlink_errors_mono: dict[int, float] = field(default_factory=dict)  # link -> when its counters were read
     nvlink_unsupported: set[str] = field(default_factory=set)  # NVLINK_ERROR_COUNTERS keys NVML does not support
@@ -1041,6 +1046,7 @@ class GpuSensor:
             slow.nvlink_calls = self._nvlink_calls(h, links)
             totals_per_link = len(FIELD_NVLINK_ERROR_TOTALS)
             slow.nvlink_fields = (_plain(pynvml.c_nvmlFieldValue_t) * ((2 + totals_per_link) * len(links)))()
+            slow.nvlink_answers = struct.Struct("=" + _FIELD_ANSWER[1:] * (totals_per_link * len(links)))
             for i, link in enumerate(links):
                 for j, field_id in enumerate((FIELD_NVLINK_TX_KIB, FIELD_NVLINK_RX_KIB)):
                     slow.nvlink_fields[2 * i + j].fieldId = field_id
@@ -1067,7 +1073,7 @@ class GpuSensor:
         t_ns = sample["time_unix_ns"]
         out: list[NvLinkRead] = []
         rates: dict[int, tuple[float, float]] = {}
-        totals: dict[int, tuple[int | None, ...]] = {}  # link -> its error totals now (absent: not usable)
+        totals: dict[int, tuple[int, ...]] = {}  # link -> its error totals' (nvmlReturn, raw value) pairs now
         if "nvlink_throughput" not in gpu.unsupported:
             array = slow.nvlink_fields
             count = len(per_link) * 2
@@ -1084,7 +1090,8 @@ class GpuSensor:
             else:
                 now_s = t_ns / 1e9
                 # every field unpacked in one go: indexing the ctypes array makes an object per field
-                fields = list(_FIELD_VALUE.iter_unpack(bytes(array)))
+                raw = bytes(array)
+                fields = list(_FIELD_VALUE.iter_unpack(raw[: count * _FIELD_VALUE.size]))
                 for i, (link, _, _, _) in enumerate(per_link):
                     if link not in active:
                         continue
@@ -1097,20 +1104,16 @@ class GpuSensor:
                     if prev is not None and now_s > prev[2] and tx_kib >= prev[0] and rx_kib >= prev[1]:
                         dt = now_s - prev[2]
                         rates[link] = ((tx_kib - prev[0]) * 1024 / dt, (rx_kib - prev[1]) * 1024 / dt)
-                if with_totals:
-                    total_fields = fields[count:]
-                    if all(f[5] == NVML_ERROR_NOT_SUPPORTED for f in total_fields):
+                if with_totals and slow.nvlink_answers is not None:
+                    answers = slow.nvlink_answers.unpack_from(raw, count * _FIELD_VALUE.size)
+                    codes = answers[0::2]
+                    if codes.count(NVML_ERROR_NOT_SUPPORTED) == len(codes):
                         # an older driver: every link's counters are read every interval, as before
                         gpu.unsupported.add("nvlink_error_totals")
-                    unsupported = slow.nvlink_unsupported
+                    pairs = 2 * totals_per_link
                     for i, (link, _, _, _) in enumerate(per_link):
-                        got = total_fields[totals_per_link * i : totals_per_link * (i + 1)]
-                        if link in active and all(
-                            f[5] == NVML_SUCCESS or (f[5] == NVML_ERROR_NOT_SUPPORTED and key in unsupported)
-                            for f, (key, _) in zip(got, NVLINK_ERROR_COUNTERS, strict=True)
-                        ):
-                            # a total stands for its counter only; an unsupported counter's total is None
-                            totals[link] = tuple(_unpacked_int(f) if f[5] == NVML_SUCCESS else None for f in got)
+                        if link in active:
+                            totals[link] = answers[pairs * i : pairs * (i + 1)]
         errors_read = "nvlink_errors" not in gpu.unsupported
         now_mono = time.monotonic()
         cached = slow.nvlink_errors
@@ -1122,7 +1125,7 @@ class GpuSensor:
             reuse = (
                 errors_read
                 and link_totals is not None
-                and link_totals == slow.nvlink_totals.get(link)
+                and link_totals == slow.nvlink_totals.get(link)  # only totals that stand for the counters are kept
                 and now_mono - slow.nvlink_errors_mono.get(link, 0.0) < NVLINK_ERRORS_REREAD_S
                 and link in cached
             )
@@ -1160,8 +1163,9 @@ class GpuSensor:
                 if previous is not None and previous == errors:
                     errors = previous  # unchanged: the same tuple, which the sampler compares by identity
                 cached[link] = errors
-                # the link's totals stand for its counters only when every one of them was read
-                if complete and link_totals is not None:
+                # the link's totals stand for its counters only when every one of them was read and each total
+                # answered (or is the total of a counter NVML does not support: it answers NOT_SUPPORTED too)
+                if complete and link_totals is not None and self._totals_usable(slow, link_totals):
                     slow.nvlink_totals[link] = link_totals
                 else:
                     slow.nvlink_totals.pop(link, None)
@@ -1171,6 +1175,15 @@ class GpuSensor:
             sample["nvlink_tx_bytes_per_s"] = sum(r[0] for r in rates.values())
             sample["nvlink_rx_bytes_per_s"] = sum(r[1] for r in rates.values())
         return out
+
+    @staticmethod
+    def _totals_usable(slow: _SlowState, answers: tuple[int, ...]) -> bool:
+        """Whether one link's error totals (nvmlReturn, raw value pairs in :data:`NVLINK_ERROR_COUNTERS`
+        order) stand for its counters: each answered, or is the total of a counter NVML does not support."""
+        return all(
+            rc == NVML_SUCCESS or (rc == NVML_ERROR_NOT_SUPPORTED and key in slow.nvlink_unsupported)
+            for rc, (key, _) in zip(answers[0::2], NVLINK_ERROR_COUNTERS, strict=True)
+        )
 
     def _nvlink_calls(self, h: Any, links: list[int]) -> _NvLinkCalls | None:
         """The NVML C functions and argument buffers of the per-link reads (about 5 per link per
