@@ -28,8 +28,10 @@ ARCH_ADA = 8
 ARCH_HOPPER = 9
 
 # nvmlBrandType_t
-BRAND_TESLA = 2
+# nvmlBrandType_t. Drivers report the datacenter parts (A100, H100, H200, L4) as NVML_BRAND_NVIDIA ("Product
+# Brand : NVIDIA" in public nvidia-smi -q dumps of them, drivers 525-560), not the older NVML_BRAND_TESLA (2)
 BRAND_GEFORCE = 5
+BRAND_NVIDIA = 14
 
 # nvmlGpuVirtualizationMode_t, as nvmlDeviceGetVirtualizationMode reports it
 VIRT_NONE = 0
@@ -129,7 +131,7 @@ class GpuProfile:
     @property
     def mig_capable(self) -> bool:
         """A100, H100, H200: the datacenter parts of compute capability x.0 (as nvmlDeviceGetMigMode says)."""
-        return self.brand == BRAND_TESLA and self.architecture >= ARCH_AMPERE and self.cuda_cc_minor == 0
+        return self.brand == BRAND_NVIDIA and self.architecture >= ARCH_AMPERE and self.cuda_cc_minor == 0
 
     @property
     def gpm_supported(self) -> bool:
@@ -151,7 +153,7 @@ class GpuProfile:
 _AIRFLOW = dict(inlet_c_per_w=0.001, inlet_tau_s=120.0, slot_offset_c=0.0)
 
 _DATACENTER = dict(
-    brand=BRAND_TESLA,
+    brand=BRAND_NVIDIA,
     fan_count=0,
     fan_min_pct=0,
     fan_t_low_c=0.0,

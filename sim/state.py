@@ -42,8 +42,10 @@ from gpuprobe.sim.profiles import WORKLOAD_ACTIVITY, WORKLOAD_IDS, GpuProfile
 STATE_DIR_ENV = "GPUPROBE_SIM_DIR"
 CONF_NAME = "sim.conf"
 DEFAULT_PERIOD_S = 0.1
-DRIVER_VERSION = "570.133.20"
-CUDA_DRIVER_VERSION = 12080  # 12.8, as nvmlSystemGetCudaDriverVersion encodes it
+# A driver of NVML API 13 (nvml.h's NVML_API_VERSION, the header the interface is held against): 580.65.06 is
+# the first driver for CUDA 13.0
+DRIVER_VERSION = "580.65.06"
+CUDA_DRIVER_VERSION = 13000  # 13.0, as nvmlSystemGetCudaDriverVersion encodes it
 FORMAT_VERSION = 1
 # Event kinds (see the module docstring); the health kinds are injected by `gpuprobe sim fail`.
 EVENT_KINDS = ("U", "L", "F", "W", "X", "E", "R", "N")

@@ -7,7 +7,15 @@ real GPU, and this script gathers them in one run of about 6 minutes (``--scale 
    ``nvmlDeviceGetFieldValues`` call side by side with the dedicated functions it calls today (ECC
    counts 3 to 6, remapped rows 142 to 145, PCIe replays 94, violation time 74 to 76 against
    ``nvmlDeviceGetViolationStatus``, link state 165 against ``nvmlDeviceGetNvLinkState``), GPM support,
-   and the CPU time of the hot path's NVML calls (µs per call, 200 calls each, ``thread_time``).
+   and the CPU time of the hot path's NVML calls (µs per call, 200 calls each, ``thread_time``). Also
+   what the simulator and the agent assume from nvml.h and no GPU has confirmed: each NVLink error
+   counter's answer per link next to the total fields 38/45/52/59 read per link (scopeId = the link, as
+   nvml.h says), at scope 0 and at scope UINT_MAX, with their sums (``nvlink_errors``);
+   ``nvmlDeviceGetBrand`` and ``nvmlDeviceGetArchitecture``; the driver's answer to a wrong version word
+   (``version_words``: ``nvmlMemory_v2_t``, ``nvmlTemperature_t``, GPM metrics); and, on a GPU in MIG
+   mode, the reads nvml.h documents for MIG made by an unprivileged user (``mig_unprivileged``: as
+   ``nobody`` when the check runs as root). Each of these records its answer or its error and never
+   stops the script.
 2. **A thermal trace with load steps** (``nvidia-smi.csv``, 200 ms, when a real ``nvidia-smi`` is on
    PATH): the bundled trainer runs ResNet-50 at two batch sizes (two load levels, the trainer's own
    idle baseline, warm-ups and cool-down), then matmul-burn (the highest level) and a long cool-down.
@@ -22,8 +30,12 @@ without a GPU, ``--sim PROFILE`` runs the same steps against a simulated GPU (th
 tiny models), which is how ``tests/bench/test_gpu_check.py`` keeps this script working; what it gives
 there is SIMULATED and says so (``"simulated": true``).
 
-    python3 bench/gpu_check/check.py --out DIR [--scale 1.0]
+    python3 bench/gpu_check/check.py --out DIR [--scale 1.0] [--nvml-only]
     python bench/gpu_check/check.py --sim H200-SXM-141GB --out DIR --scale 0.05
+    python bench/gpu_check/check.py --sim H100-SXM5-80GB --sim-mig 2 --nvml-only --out DIR
+
+``--nvml-only`` gathers step 1 alone (seconds). ``--sim-mig N`` puts the simulated GPU in MIG mode with N
+instances and makes this script's user an unprivileged one there, as the agent ships.
 """
 
 from __future__ import annotations
@@ -41,11 +53,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-
-from agent_overhead import NAMED_THREADS, Measured, received_gpu_samples  # noqa: E402
-
+# the repository; the MIG child that runs as nobody reads its source from stdin and needs none of it
+REPO = Path(__file__).resolve().parents[2] if __file__ != "<stdin>" else Path("/nonexistent")
 RECEIVER = REPO / "tests" / "agent" / "receiver.py"
 TRACE_QUERY = "timestamp,index,power.draw,temperature.gpu,temperature.memory,utilization.gpu,clocks.sm,fan.speed"
 
@@ -55,6 +64,21 @@ REMAP_FIELDS = (142, 143, 144, 145)  # correctable, uncorrectable, pending, fail
 VIOLATION_FIELDS = {74: 0, 75: 1, 76: 2}  # NVML_PERF_POLICY_POWER, THERMAL, SYNC_BOOST
 FIELD_PCIE_REPLAY = 94
 FIELD_NVLINK_STATE = 165
+# nvmlNvLinkErrorCounter_t -> its total field (NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL; DL_ECC_DATA has none)
+NVLINK_COUNTERS = {
+    "replay": (0, 52),
+    "recovery": (1, 59),
+    "crc_flit": (2, 38),
+    "crc_data": (3, 45),
+    "ecc_data": (4, None),
+}
+SCOPE_ALL = 0xFFFFFFFF  # UINT_MAX: nvml.h's aggregate over all links, documented for the throughput fields only
+# versioned structs: the right version word, then wrong ones (another version of the same size; the right
+# version with a wrong size)
+MEMORY_V2_WORDS = (0x02000028, 0x01000028, 0x02000020)
+TEMPERATURE_WORDS = (0x0100000C, 0x0200000C)
+GPM_METRICS_GET_WORDS = (1, 2)
+NOBODY = 65534
 
 
 def main() -> int:
@@ -62,13 +86,24 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the results (created)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every phase's duration (1: ~6 min)")
     parser.add_argument("--sim", metavar="PROFILE", help="a simulated GPU of this profile instead of a real one")
+    parser.add_argument(
+        "--sim-mig", type=int, default=0, metavar="N", help="the simulated GPU in MIG mode, N instances"
+    )
+    parser.add_argument("--nvml-only", action="store_true", help="NVML's answers only (no trace, no agent)")
     args = parser.parse_args()
     if args.scale <= 0:
         parser.error("--scale must be positive")
+    if args.sim_mig and not args.sim:
+        parser.error("--sim-mig needs --sim")
     args.out.mkdir(parents=True, exist_ok=True)
-    with machine(args.sim) as env:
+    with machine(args.sim, args.sim_mig) as env:
         nvml = run_child_json(env, "nvml")
+        # as the agent ships: without privileges (a real GPU: as nobody when this runs as root)
+        nvml["mig_unprivileged"] = _guarded(lambda: run_child_json(env, "mig", drop_root=args.sim is None))
+        nvml["simulated"] = bool(args.sim)
         (args.out / "nvml.json").write_text(json.dumps(nvml, indent=2))
+        if args.nvml_only:
+            return 0
         summary = trace_and_overhead(args, env, nvml)
     summary["simulated"] = bool(args.sim)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -77,25 +112,50 @@ def main() -> int:
 
 
 @contextlib.contextmanager
-def machine(profile: str | None) -> Iterator[dict[str, str]]:
-    """The environment the GPU processes run in: this one, or a simulated machine's."""
+def machine(profile: str | None, mig_instances: int = 0) -> Iterator[dict[str, str]]:
+    """The environment the GPU processes run in: this one, or a simulated machine's (in MIG mode with
+    ``mig_instances``, and then this user is not one of its privileged ones)."""
     if profile is None:
         yield dict(os.environ)
         return
-    from gpuprobe.sim.profiles import get_profile
-    from gpuprobe.sim.runner import temporary_machine
+    import tempfile
 
-    with temporary_machine([get_profile(profile)]) as sim:
-        env = sim.environ()
+    from gpuprobe.sim.profiles import get_profile, with_overrides
+    from gpuprobe.sim.runner import open_machine
+
+    gpu = get_profile(profile)
+    admins = (0,)
+    if mig_instances:
+        gpu = with_overrides(gpu, {"mig_instances": str(mig_instances)})
+        admins = (os.geteuid() + 1,)
+    with tempfile.TemporaryDirectory(prefix="gpuprobe-sim-") as tmp:
+        env = open_machine(Path(tmp), [gpu], admin_uids=admins).environ()
         env.pop("NOTIFY_SOCKET", None)
         yield env
 
 
-def run_child_json(env: dict[str, str], what: str) -> dict[str, Any]:
+def run_child_json(env: dict[str, str], what: str, drop_root: bool = False) -> dict[str, Any]:
     """This script's ``--child WHAT`` in ``env`` (NVML is loaded from the environment's library path at
-    start, so the simulated machine's needs a process of its own); its JSON."""
+    start, so the simulated machine's needs a process of its own); its JSON. ``drop_root``: when this runs
+    as root, the child runs as nobody (its source comes on stdin and it runs in /, so that it needs to read
+    no file of the repository's)."""
+    preexec = None
+    if drop_root and os.geteuid() == 0:
+
+        def preexec() -> None:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+
     done = subprocess.run(
-        [sys.executable, __file__, "--child", what], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-", "--child", what],
+        input=Path(__file__).read_text(),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=preexec,
+        cwd="/" if preexec else None,
     )
     if done.returncode != 0:
         raise SystemExit(f"the {what} check failed:\n{done.stderr}")
@@ -142,6 +202,11 @@ def _gpu_check(pynvml: Any, index: int) -> dict[str, Any]:
         links.append([_field(pynvml, h, FIELD_NVLINK_STATE, scope=link), state])
     gpu["nvlink_state"] = links
     gpu["gpm_supported"] = _call(lambda: bool(pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice))
+    gpu["brand"] = _call(pynvml.nvmlDeviceGetBrand, h)
+    gpu["architecture"] = _call(pynvml.nvmlDeviceGetArchitecture, h)
+    active = [link for link, (_, state) in enumerate(links) if state == 1]
+    gpu["nvlink_errors"] = _guarded(lambda: _nvlink_errors(pynvml, h, active))
+    gpu["version_words"] = _guarded(lambda: _version_words(pynvml, h))
     gpu["call_cpu_us"] = {
         "power_usage": _cost(lambda: pynvml.nvmlDeviceGetPowerUsage(h)),
         "temperature": _cost(lambda: pynvml.nvmlDeviceGetTemperature(h, 0)),
@@ -151,6 +216,155 @@ def _gpu_check(pynvml: Any, index: int) -> dict[str, Any]:
         "clocks_event_reasons": _cost(lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)),
     }
     return gpu
+
+
+def _nvlink_errors(pynvml: Any, h: Any, links: list[int]) -> dict[str, Any]:
+    """Each error counter's answer per active link next to its total field read with scopeId = the link
+    (nvml.h), and the fields at scope 0 and UINT_MAX; the sums over the links of what answered."""
+    fields = {name: f for name, (_, f) in NVLINK_COUNTERS.items() if f is not None}
+    per_link = []
+    for link in links:
+        counters = {
+            n: _call(pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, c) for n, (c, _) in NVLINK_COUNTERS.items()
+        }
+        totals = {n: _field(pynvml, h, f, scope=link) for n, f in fields.items()}
+        per_link.append({"link": link, "counters": counters, "total_fields": totals})
+
+    def total(values: list[Any]) -> int | None:
+        numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+        return sum(numbers) if numbers else None
+
+    return {
+        "per_link": per_link,
+        "counter_sums": {n: total([p["counters"][n] for p in per_link]) for n in NVLINK_COUNTERS},
+        "total_field_sums": {
+            n: total([p["total_fields"][n].get("value") for p in per_link if p["total_fields"][n].get("rc") == 0])
+            for n in fields
+        },
+        # a whole-GPU reading of the total fields, if the driver gives one (nvml.h documents scope = link)
+        "scope_0": {n: _field(pynvml, h, f) for n, f in fields.items()},
+        "scope_uint_max": {n: _field(pynvml, h, f, scope=SCOPE_ALL) for n, f in fields.items()},
+    }
+
+
+def _version_words(pynvml: Any, h: Any) -> dict[str, Any]:
+    """The return code of versioned calls given the right version word and wrong ones (nvml.h documents
+    ARGUMENT_VERSION_MISMATCH), called through the C functions with pynvml's structures."""
+    import ctypes
+
+    def rc(name: str, *args: Any) -> int | str:
+        try:
+            return int(pynvml._nvmlGetFunctionPointer(name)(*args))
+        except Exception as e:
+            return f"error: {e}"
+
+    out: dict[str, Any] = {}
+    memory = {}
+    for word in MEMORY_V2_WORDS:
+        m = pynvml.c_nvmlMemory_v2_t()
+        m.version = word
+        memory[hex(word)] = rc("nvmlDeviceGetMemoryInfo_v2", h, ctypes.byref(m))
+    out["nvmlDeviceGetMemoryInfo_v2"] = memory
+    temperature = {}
+    for word in TEMPERATURE_WORDS:
+        t = pynvml.c_nvmlTemperature_v1_t()
+        t.version = word
+        t.sensorType = 0
+        temperature[hex(word)] = rc("nvmlDeviceGetTemperatureV", h, ctypes.byref(t))
+    out["nvmlDeviceGetTemperatureV"] = temperature
+    gpm: dict[str, Any] = {}
+    samples = [_guarded(pynvml.nvmlGpmSampleAlloc) for _ in range(2)]
+    if all(not isinstance(sample, dict) for sample in samples):
+        taken = [_call(lambda s=sample: _gpm_take(pynvml, h, s)) for sample in samples]
+        for word in GPM_METRICS_GET_WORDS:
+            request = pynvml.c_nvmlGpmMetricsGet_t()
+            request.version = word
+            request.numMetrics = 1
+            request.sample1, request.sample2 = samples
+            request.metrics[0].metricId = 2  # SM_UTIL
+            gpm[str(word)] = rc("nvmlGpmMetricsGet", ctypes.byref(request)) if taken == [0, 0] else taken
+        for sample in samples:
+            _guarded(lambda s=sample: pynvml.nvmlGpmSampleFree(s))
+    out["nvmlGpmMetricsGet"] = gpm or samples
+    return out
+
+
+def mig_check() -> dict[str, Any]:
+    """On every GPU in MIG mode, the reads nvml.h documents for MIG (GPU-level memory and process lists:
+    NO_PERMISSION without privileges; utilization, encoder/decoder, samples, remapped rows, process
+    utilization: NOT_SUPPORTED), as this process's user, and what each MIG instance answers to it."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    gpus = [_guarded(lambda i=i: _mig_gpu(pynvml, i)) for i in range(pynvml.nvmlDeviceGetCount())]
+    pynvml.nvmlShutdown()
+    return {"euid": os.geteuid(), "gpus": gpus}
+
+
+def _mig_gpu(pynvml: Any, index: int) -> dict[str, Any]:
+    h = pynvml.nvmlDeviceGetHandleByIndex(index)
+    mode = _call(pynvml.nvmlDeviceGetMigMode, h)
+    gpu: dict[str, Any] = {"index": index, "mig_mode": mode}
+    if not isinstance(mode, list) or mode[0] != 1:
+        return gpu
+    gpu["parent"] = {
+        "memory_v1": _call(lambda: pynvml.nvmlDeviceGetMemoryInfo(h).total),
+        "memory_v2": _call(lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).total),
+        "compute_processes": _call(lambda: len(pynvml.nvmlDeviceGetComputeRunningProcesses(h))),
+        "graphics_processes": _call(lambda: len(pynvml.nvmlDeviceGetGraphicsRunningProcesses(h))),
+        "utilization": _call(lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+        "encoder": _call(lambda: pynvml.nvmlDeviceGetEncoderUtilization(h)[0]),
+        "decoder": _call(lambda: pynvml.nvmlDeviceGetDecoderUtilization(h)[0]),
+        "gpu_util_samples": _call(lambda: len(pynvml.nvmlDeviceGetSamples(h, 1, 0)[1])),
+        "remapped_rows": _call(pynvml.nvmlDeviceGetRemappedRows, h),
+        "process_utilization": _call(lambda: len(pynvml.nvmlDeviceGetProcessUtilization(h, 0))),
+        "power_mw": _call(pynvml.nvmlDeviceGetPowerUsage, h),
+        "gpm_sample": _call(lambda: _gpm_sample(pynvml, lambda s: pynvml.nvmlGpmSampleGet(h, s))),
+    }
+    instances = []
+    for slot in range(_guarded(lambda: int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)), 0)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+        except Exception:
+            continue  # no MIG device in this slot
+        instances.append(_mig_instance(pynvml, h, mig))
+    gpu["instances"] = instances
+    return gpu
+
+
+def _mig_instance(pynvml: Any, h: Any, mig: Any) -> dict[str, Any]:
+    gi = _call(pynvml.nvmlDeviceGetGpuInstanceId, mig)
+    return {
+        "gpu_instance_id": gi,
+        "memory": _call(lambda: pynvml.nvmlDeviceGetMemoryInfo(mig).total),
+        "compute_processes": _call(lambda: len(pynvml.nvmlDeviceGetComputeRunningProcesses(mig))),
+        "gpm_sample_on_handle": _call(lambda: _gpm_sample(pynvml, lambda s: pynvml.nvmlGpmSampleGet(mig, s))),
+        "gpm_mig_sample": _call(lambda: _gpm_sample(pynvml, lambda s: pynvml.nvmlGpmMigSampleGet(h, gi, s))),
+    }
+
+
+def _gpm_take(pynvml: Any, h: Any, sample: Any) -> int:
+    """0 when nvmlGpmSampleGet filled ``sample`` (its error raised otherwise)."""
+    pynvml.nvmlGpmSampleGet(h, sample)
+    return 0
+
+
+def _gpm_sample(pynvml: Any, take: Callable[[Any], Any]) -> int:
+    """0 when ``take(sample)`` filled a GPM sample (its error raised otherwise)."""
+    sample = pynvml.nvmlGpmSampleAlloc()
+    try:
+        take(sample)
+    finally:
+        pynvml.nvmlGpmSampleFree(sample)
+    return 0
+
+
+def _guarded(fn: Callable[[], Any], default: Any = None) -> Any:
+    """``fn()``, or ``{"error": ...}`` (``default`` when given): an extra check never stops the script."""
+    try:
+        return fn()
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"} if default is None else default
 
 
 def _text(value: Any) -> str:
@@ -195,6 +409,9 @@ def _cost(fn: Callable[[], Any], calls: int = 200) -> float | str:
 
 
 def trace_and_overhead(args: argparse.Namespace, env: dict[str, str], nvml: dict[str, Any]) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO / "bench"))
+    from agent_overhead import NAMED_THREADS, Measured, received_gpu_samples
+
     out: Path = args.out
     # the processes run in here, not in the repository: with ``-m`` / ``-c`` Python puts the working
     # directory first on its path, and the repository's gpuprobe/ folder would shadow the installed package
@@ -327,6 +544,6 @@ def _free_port() -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        print(json.dumps(nvml_check()))
+        print(json.dumps(mig_check() if sys.argv[2:3] == ["mig"] else nvml_check()))
         sys.exit(0)
     sys.exit(main())

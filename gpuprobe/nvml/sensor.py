@@ -61,11 +61,14 @@ nvlink_tx/rx_bytes_per_s               fields 138/139 NVLINK_THROUGHPUT_DATA_TX/
                                        per active link, summed (per link:
                                        ``NvLinkSample`` with the error counters of
                                        nvmlDeviceGetNvLinkErrorCounter, read again
-                                       only when the fields 38/45/52/59 (their
-                                       totals, same call) moved, or after 60 s)
+                                       only when the link's fields 38/45/52/59
+                                       (their totals, scope = link, same call)
+                                       moved, or after 60 s)
 =====================================  ===========================================  ====================
 
-MIG GPU instances (:class:`MigRead`, MIG-enabled GPUs only), the compute processes
+MIG GPU instances (:class:`MigRead`, MIG-enabled GPUs only: each instance's memory and SMs, and its GPM
+metrics under the same keys as the GPU's, from nvmlGpmMigSampleGet on the parent's handle with the
+instance's id, as DCGM samples a MIG-enabled GPU), the compute processes
 (:meth:`GpuSensor.read_processes`, :meth:`GpuSensor.read_process_utilization`) and NVML's event set
 (:class:`EventSource`, waited on by :mod:`gpuprobe.agent.sensors.events` in its own thread) are read
 here too, so that NVML stays behind one boundary. ``GpuInfo.mig_enabled`` and
@@ -143,9 +146,11 @@ NVLINK_ERROR_COUNTERS = (  # NvLinkSample key, nvmlNvLinkErrorCounter_t
     ("crc_flit_errors", 2),
     ("crc_data_errors", 3),
 )
-# The same counters summed over the links (NVLINK_REPLAY / RECOVERY / CRC_FLIT / CRC_DATA_ERROR_COUNT_TOTAL),
-# read with the throughput fields in one call: while they stand still, no link's counters moved, so the
-# per-link counters (4 calls per link, 72 on an H100) are not read again, at most NVLINK_ERRORS_REREAD_S old.
+# The same counters as fields (NVLINK_REPLAY / RECOVERY / CRC_FLIT / CRC_DATA_ERROR_COUNT_TOTAL): per link,
+# the total over its lanes (nvml.h: "Link ID needs to be specified in the scopeId field"), read for every
+# link with the throughput fields in one call. While a link's totals stand still its counters did not move,
+# so its per-link counters (4 calls per link, 72 on an H100) are not read again, at most
+# NVLINK_ERRORS_REREAD_S old; the GPU's total is the sum over its links of the counters.
 FIELD_NVLINK_ERROR_TOTALS = (52, 59, 38, 45)
 NVLINK_ERRORS_REREAD_S = 60.0
 NVLINK_HEALTH_COUNTERS = frozenset({"crc_flit_errors", "crc_data_errors", "replay_errors"})  # the health rule's
@@ -214,6 +219,9 @@ def _gpm_request_type() -> Any:
 
 # nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value (a union of 8 bytes)
 _FIELD_VALUE = struct.Struct("=IIqqiiQ")
+# one field's nvmlReturn and value's 8 raw bytes only (the rest skipped), for the NVLink error totals, which
+# are only compared with what they were
+_FIELD_ANSWER = "=24x4xiQ"
 
 
 def _unpacked_int(f: tuple[int, ...]) -> int:
@@ -295,21 +303,36 @@ _HealthCall = tuple[str, Callable[..., int], tuple[Any, ...], Callable[[dict[str
 
 
 @dataclass
+class _GpmState:
+    """The GPM reads of one source, the whole GPU or one MIG GPU instance: two sample buffers used in turn,
+    ``take(buffer)`` filling one (nvmlGpmSampleGet or nvmlGpmMigSampleGet, called directly), and the two
+    metrics requests over them, allocated once (building one per read, with pynvml's structures, had cost
+    more than the NVML calls)."""
+
+    take: Callable[[Any], int]
+    samples: list[Any]
+    requests: list[Any]  # [i]: the metrics request whose second sample is buffer i
+    current: int = -1  # which buffer holds the last sample (-1: none yet)
+
+
+@dataclass
 class _SlowState:
     """What the health reads keep per GPU between intervals."""
 
     nvlinks: list[int] | None = None  # the links NVML answers for (None: not discovered yet)
     nvlink_prev: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # link -> tx KiB, rx KiB, s
-    gpm_samples: list[Any] = field(default_factory=list)  # two GPM sample buffers, used in turn
-    gpm_current: int = -1  # which buffer holds the last sample (-1: none yet)
-    gpm_requests: list[Any] = field(default_factory=list)  # [i]: the metrics request whose second sample is buffer i
+    gpm: _GpmState | None = None  # the whole GPU's GPM (None: not prepared yet)
+    gpm_migs: dict[int, _GpmState] = field(default_factory=dict)  # GPU instance id -> its GPM (MIG-enabled GPUs)
     health_calls: list[_HealthCall] | None = None  # GpuSensor._health_calls, prepared at the first health read
     process_seen_us: int = 0  # the newest process utilization sample's timestamp
     nvlink_calls: _NvLinkCalls | None = None
-    nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, then the error totals
-    nvlink_totals: tuple[int | None, ...] | None = None  # the error totals when the links were read (None: unsupported)
+    nvlink_fields: Any = None  # the throughput fields (TX, RX) of every link, then every link's error totals
+    nvlink_answers: struct.Struct | None = None  # every link's totals' (nvmlReturn, raw value), in one unpack
+    # link -> its error totals' (nvmlReturn, raw value) pairs when its counters were last read, flat (absent:
+    # read them next time)
+    nvlink_totals: dict[int, tuple[int, ...]] = field(default_factory=dict)
     nvlink_errors: dict[int, tuple[int | None, ...]] = field(default_factory=dict)  # link -> its counters
-    nvlink_errors_mono: float = 0.0  # when the per-link counters were read
+    nvlink_errors_mono: dict[int, float] = field(default_factory=dict)  # link -> when its counters were read
     nvlink_unsupported: set[str] = field(default_factory=set)  # NVLINK_ERROR_COUNTERS keys NVML does not support
 
 
@@ -835,9 +858,12 @@ class GpuSensor:
             gpu.lost = False
             log.warning("%s answers again; sampling it resumes", gpu.label)
             self._refresh_info(gpu)
-            gpu.slow.gpm_current = -1  # interval reads start afresh after an outage
+            # interval reads start afresh after an outage
+            for gpm in [gpu.slow.gpm, *gpu.slow.gpm_migs.values()]:
+                if gpm is not None:
+                    gpm.current = -1
             gpu.slow.nvlink_prev.clear()
-            gpu.slow.nvlink_totals = None  # a reset may have zeroed the counters: read every link again
+            gpu.slow.nvlink_totals.clear()  # a reset may have zeroed the counters: read every link again
             self._tell(gpu, False)
         return sample
 
@@ -1018,15 +1044,16 @@ class GpuSensor:
                 return []
             slow.nvlinks = links
             slow.nvlink_calls = self._nvlink_calls(h, links)
-            slow.nvlink_fields = (
-                _plain(pynvml.c_nvmlFieldValue_t) * (2 * len(links) + len(FIELD_NVLINK_ERROR_TOTALS))
-            )()
+            totals_per_link = len(FIELD_NVLINK_ERROR_TOTALS)
+            slow.nvlink_fields = (_plain(pynvml.c_nvmlFieldValue_t) * ((2 + totals_per_link) * len(links)))()
+            slow.nvlink_answers = struct.Struct("=" + _FIELD_ANSWER[1:] * (totals_per_link * len(links)))
             for i, link in enumerate(links):
                 for j, field_id in enumerate((FIELD_NVLINK_TX_KIB, FIELD_NVLINK_RX_KIB)):
                     slow.nvlink_fields[2 * i + j].fieldId = field_id
                     slow.nvlink_fields[2 * i + j].scopeId = link
-            for i, field_id in enumerate(FIELD_NVLINK_ERROR_TOTALS):
-                slow.nvlink_fields[2 * len(links) + i].fieldId = field_id
+                for j, field_id in enumerate(FIELD_NVLINK_ERROR_TOTALS):
+                    slow.nvlink_fields[2 * len(links) + totals_per_link * i + j].fieldId = field_id
+                    slow.nvlink_fields[2 * len(links) + totals_per_link * i + j].scopeId = link
         if slow.nvlink_calls is None:
             return []
         state_fn, error_fn, per_link = slow.nvlink_calls
@@ -1046,12 +1073,13 @@ class GpuSensor:
         t_ns = sample["time_unix_ns"]
         out: list[NvLinkRead] = []
         rates: dict[int, tuple[float, float]] = {}
-        totals: tuple[int | None, ...] | None = None
+        totals: dict[int, tuple[int, ...]] = {}  # link -> its error totals' (nvmlReturn, raw value) pairs now
         if "nvlink_throughput" not in gpu.unsupported:
             array = slow.nvlink_fields
             count = len(per_link) * 2
+            totals_per_link = len(FIELD_NVLINK_ERROR_TOTALS)
             with_totals = "nvlink_error_totals" not in gpu.unsupported
-            rc = self._fv(h, count + len(FIELD_NVLINK_ERROR_TOTALS) if with_totals else count, array)
+            rc = self._fv(h, count + totals_per_link * len(per_link) if with_totals else count, array)
             if rc in GONE:
                 self._lose(gpu, "nvlink_throughput", rc)
                 return []
@@ -1062,7 +1090,8 @@ class GpuSensor:
             else:
                 now_s = t_ns / 1e9
                 # every field unpacked in one go: indexing the ctypes array makes an object per field
-                fields = list(_FIELD_VALUE.iter_unpack(bytes(array)))
+                raw = bytes(array)
+                fields = list(_FIELD_VALUE.iter_unpack(raw[: count * _FIELD_VALUE.size]))
                 for i, (link, _, _, _) in enumerate(per_link):
                     if link not in active:
                         continue
@@ -1075,36 +1104,35 @@ class GpuSensor:
                     if prev is not None and now_s > prev[2] and tx_kib >= prev[0] and rx_kib >= prev[1]:
                         dt = now_s - prev[2]
                         rates[link] = ((tx_kib - prev[0]) * 1024 / dt, (rx_kib - prev[1]) * 1024 / dt)
-                if with_totals:
-                    total_fields = fields[count : count + len(FIELD_NVLINK_ERROR_TOTALS)]
-                    codes = [f[5] for f in total_fields]
-                    if all(c == NVML_ERROR_NOT_SUPPORTED for c in codes):
+                if with_totals and slow.nvlink_answers is not None:
+                    answers = slow.nvlink_answers.unpack_from(raw, count * _FIELD_VALUE.size)
+                    codes = answers[0::2]
+                    if codes.count(NVML_ERROR_NOT_SUPPORTED) == len(codes):
                         # an older driver: every link's counters are read every interval, as before
                         gpu.unsupported.add("nvlink_error_totals")
-                    elif all(
-                        c == NVML_SUCCESS or (c == NVML_ERROR_NOT_SUPPORTED and key in slow.nvlink_unsupported)
-                        for c, (key, _) in zip(codes, NVLINK_ERROR_COUNTERS, strict=True)
-                    ):
-                        # a total stands for its counter only; an unsupported counter's total is None
-                        totals = tuple(_unpacked_int(f) if f[5] == NVML_SUCCESS else None for f in total_fields)
+                    pairs = 2 * totals_per_link
+                    for i, (link, _, _, _) in enumerate(per_link):
+                        if link in active:
+                            totals[link] = answers[pairs * i : pairs * (i + 1)]
         errors_read = "nvlink_errors" not in gpu.unsupported
         now_mono = time.monotonic()
         cached = slow.nvlink_errors
-        reuse = (
-            errors_read
-            and totals is not None
-            and totals == slow.nvlink_totals
-            and now_mono - slow.nvlink_errors_mono < NVLINK_ERRORS_REREAD_S
-            and all(link in cached for link in active)
-        )
-        complete = errors_read
         for link, _, _, counters in per_link:
             if link not in active:
                 continue
             errors: tuple[int | None, ...] = ()
+            link_totals = totals.get(link)
+            reuse = (
+                errors_read
+                and link_totals is not None
+                and link_totals == slow.nvlink_totals.get(link)  # only totals that stand for the counters are kept
+                and now_mono - slow.nvlink_errors_mono.get(link, 0.0) < NVLINK_ERRORS_REREAD_S
+                and link in cached
+            )
             if reuse:
                 errors = cached[link]
             elif errors_read:
+                complete = True
                 read: list[int | None] = []
                 for key, args, buffer in counters:
                     if key in slow.nvlink_unsupported:
@@ -1117,7 +1145,7 @@ class GpuSensor:
                     read.append(None)
                     if rc in GONE:
                         self._lose(gpu, "nvlink_errors", rc)
-                        slow.nvlink_totals = None
+                        slow.nvlink_totals.clear()
                         return []
                     elif rc in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
                         # that counter only (nvml.h: the DL counters are unsupported on Blackwell and newer);
@@ -1135,15 +1163,27 @@ class GpuSensor:
                 if previous is not None and previous == errors:
                     errors = previous  # unchanged: the same tuple, which the sampler compares by identity
                 cached[link] = errors
+                # the link's totals stand for its counters only when every one of them was read and each total
+                # answered (or is the total of a counter NVML does not support: it answers NOT_SUPPORTED too)
+                if complete and link_totals is not None and self._totals_usable(slow, link_totals):
+                    slow.nvlink_totals[link] = link_totals
+                else:
+                    slow.nvlink_totals.pop(link, None)
+                slow.nvlink_errors_mono[link] = now_mono
             out.append(NvLinkRead(gpu.index, link, t_ns, rates.get(link), errors))
-        if not reuse:
-            # the totals stand for these per-link counters only when every one of them was read
-            slow.nvlink_totals = totals if complete else None
-            slow.nvlink_errors_mono = now_mono
         if rates:
             sample["nvlink_tx_bytes_per_s"] = sum(r[0] for r in rates.values())
             sample["nvlink_rx_bytes_per_s"] = sum(r[1] for r in rates.values())
         return out
+
+    @staticmethod
+    def _totals_usable(slow: _SlowState, answers: tuple[int, ...]) -> bool:
+        """Whether one link's error totals (nvmlReturn, raw value pairs in :data:`NVLINK_ERROR_COUNTERS`
+        order) stand for its counters: each answered, or is the total of a counter NVML does not support."""
+        return all(
+            rc == NVML_SUCCESS or (rc == NVML_ERROR_NOT_SUPPORTED and key in slow.nvlink_unsupported)
+            for rc, (key, _) in zip(answers[0::2], NVLINK_ERROR_COUNTERS, strict=True)
+        )
 
     def _nvlink_calls(self, h: Any, links: list[int]) -> _NvLinkCalls | None:
         """The NVML C functions and argument buffers of the per-link reads (about 5 per link per
@@ -1165,53 +1205,88 @@ class GpuSensor:
         return state_fn, error_fn, per_link
 
     def _read_gpm(self, gpu: _Gpu, sample: Sample) -> None:
+        """The whole GPU's GPM metrics over the last interval, into ``sample``."""
         slow = gpu.slow
-        if "gpm" in gpu.unsupported:
+        if slow.gpm is None:
+            sample_get = self._gpm_functions[0]
+            handle = gpu.handle
+            slow.gpm = self._gpm_state(gpu, "gpm", functools.partial(sample_get, handle))
+        if slow.gpm is not None:
+            self._gpm_metrics(gpu, "gpm", slow.gpm, sample)
+
+    def _gpm_state(self, gpu: _Gpu, key: str, take: Callable[[Any], int]) -> _GpmState | None:
+        """Two sample buffers and their requests for one GPM source; None when ``key`` is left out."""
+        if key in gpu.unsupported:
+            return None
+        allocated = [self._slow_call(gpu, key, pynvml.nvmlGpmSampleAlloc) for _ in range(2)]
+        if any(a is None for a in allocated):
+            return None
+        requests = []
+        for nxt in (0, 1):
+            request = _gpm_request_type()()
+            request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1 = allocated[1 - nxt]
+            request.sample2 = allocated[nxt]
+            for i, (_, metric) in enumerate(GPM_METRICS):
+                request.metrics[i].metricId = metric
+            requests.append(request)
+        return _GpmState(take, allocated, requests)
+
+    def _gpm_metrics(self, gpu: _Gpu, key: str, gpm: _GpmState, out: dict[str, Any]) -> None:
+        """Takes ``gpm``'s next sample and puts the metrics between it and the previous one into ``out``."""
+        if key in gpu.unsupported:
             return
-        if not slow.gpm_samples:
-            allocated = [self._slow_call(gpu, "gpm", pynvml.nvmlGpmSampleAlloc) for _ in range(2)]
-            if any(a is None for a in allocated):
-                return
-            slow.gpm_samples = allocated
-            # the two requests, allocated once (the buffers are used in turn): building one per read, with
-            # pynvml's structures, had cost more than the NVML calls
-            for nxt in (0, 1):
-                request = _gpm_request_type()()
-                request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-                request.numMetrics = len(GPM_METRICS)
-                request.sample1 = allocated[1 - nxt]
-                request.sample2 = allocated[nxt]
-                for i, (_, metric) in enumerate(GPM_METRICS):
-                    request.metrics[i].metricId = metric
-                slow.gpm_requests.append(request)
-        sample_get, metrics_get = self._gpm_functions
-        nxt = 0 if slow.gpm_current != 0 else 1
-        rc = sample_get(gpu.handle, slow.gpm_samples[nxt])
+        metrics_get = self._gpm_functions[1]
+        nxt = 0 if gpm.current != 0 else 1
+        rc = gpm.take(gpm.samples[nxt])
         if rc != NVML_SUCCESS:
-            self._slow_call(gpu, "gpm", _raise, rc)
-            slow.gpm_current = -1
+            self._slow_call(gpu, key, _raise, rc)
+            gpm.current = -1
             return
-        previous, slow.gpm_current = slow.gpm_current, nxt
+        previous, gpm.current = gpm.current, nxt
         if previous < 0:
             return
-        request = slow.gpm_requests[nxt]
+        request = gpm.requests[nxt]
         rc = metrics_get(ctypes.byref(request))
         if rc != NVML_SUCCESS:
-            self._slow_call(gpu, "gpm", _raise, rc)
+            self._slow_call(gpu, key, _raise, rc)
             return
         metrics = request.metrics
-        for i, (key, _) in enumerate(GPM_METRICS):
+        for i, (name, _) in enumerate(GPM_METRICS):
             m = metrics[i]
             if m.nvmlReturn == NVML_SUCCESS:
-                sample[key] = float(m.value)
+                out[name] = float(m.value)
+
+    def _read_mig_gpm(self, gpu: _Gpu, instances: dict[int, dict[str, Any]]) -> None:
+        """Each GPU instance's GPM metrics over the last interval into its values: nvmlGpmMigSampleGet on
+        the parent's handle with the instance's id, as DCGM samples a MIG-enabled GPU's instances (the whole
+        GPU's GPM, when it answers, goes into the GPU's own sample as on any GPU)."""
+        slow = gpu.slow
+        for gi in [gi for gi in slow.gpm_migs if gi not in instances]:  # an instance that is gone
+            for buffer in slow.gpm_migs.pop(gi).samples:
+                _optional(functools.partial(pynvml.nvmlGpmSampleFree, buffer))
+        mig_get = self._gpm_functions[2]
+        handle = gpu.handle
+        for gi, values in instances.items():
+            gpm = slow.gpm_migs.get(gi)
+            if gpm is None:
+                gpm = self._gpm_state(gpu, "gpm_mig", functools.partial(mig_get, handle, ctypes.c_uint(gi)))
+                if gpm is None:
+                    return
+                slow.gpm_migs[gi] = gpm
+            self._gpm_metrics(gpu, "gpm_mig", gpm, values)
+            if gpu.lost:
+                return
 
     @functools.cached_property
-    def _gpm_functions(self) -> tuple[Callable[..., int], Callable[..., int]]:
-        """nvmlGpmSampleGet and nvmlGpmMetricsGet, called directly (a missing one answers
-        FUNCTION_NOT_FOUND, so GPM is left out as unsupported)."""
+    def _gpm_functions(self) -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]]:
+        """nvmlGpmSampleGet, nvmlGpmMetricsGet and nvmlGpmMigSampleGet, called directly (a missing one
+        answers FUNCTION_NOT_FOUND, so its GPM is left out as unsupported)."""
         return (
             self._function("nvmlGpmSampleGet") or _missing_function,
             self._function("nvmlGpmMetricsGet") or _missing_function,
+            self._function("nvmlGpmMigSampleGet") or _missing_function,
         )
 
     def _read_migs(self, gpu: _Gpu, t_ns: int) -> list[MigRead]:
@@ -1247,6 +1322,10 @@ class GpuSensor:
             if sms is not None:
                 values["multiprocessor_count"] = sms
             instances[gi] = values
+        if gpu.info.gpm_supported:
+            self._read_mig_gpm(gpu, instances)
+            if gpu.lost:
+                return []
         return [MigRead(v) for _, v in sorted(instances.items())]
 
     def read_processes(self, index: int) -> list[ProcessRead] | None:

@@ -368,7 +368,7 @@ class NvLinkSample(_message.Message):
     def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., link: _Optional[int] = ..., tx_bytes_per_s: _Optional[float] = ..., rx_bytes_per_s: _Optional[float] = ..., crc_flit_errors: _Optional[int] = ..., crc_data_errors: _Optional[int] = ..., replay_errors: _Optional[int] = ..., recovery_errors: _Optional[int] = ...) -> None: ...
 
 class MigSample(_message.Message):
-    __slots__ = ("time_unix_ns", "gpu_index", "gpu_instance_id", "mig_uuid", "name", "mem_used_bytes", "mem_total_bytes", "multiprocessor_count")
+    __slots__ = ("time_unix_ns", "gpu_index", "gpu_instance_id", "mig_uuid", "name", "mem_used_bytes", "mem_total_bytes", "multiprocessor_count", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_bw_util_pct", "fp16_active_pct", "fp32_active_pct", "fp64_active_pct")
     TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     GPU_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +377,13 @@ class MigSample(_message.Message):
     MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MULTIPROCESSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SM_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
+    SM_OCCUPANCY_PCT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
+    DRAM_BW_UTIL_PCT_FIELD_NUMBER: _ClassVar[int]
+    FP16_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
+    FP32_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
+    FP64_ACTIVE_PCT_FIELD_NUMBER: _ClassVar[int]
     time_unix_ns: int
     gpu_index: int
     gpu_instance_id: int
@@ -385,7 +392,14 @@ class MigSample(_message.Message):
     mem_used_bytes: int
     mem_total_bytes: int
     multiprocessor_count: int
-    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., mig_uuid: _Optional[str] = ..., name: _Optional[str] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., multiprocessor_count: _Optional[int] = ...) -> None: ...
+    sm_active_pct: float
+    sm_occupancy_pct: float
+    tensor_active_pct: float
+    dram_bw_util_pct: float
+    fp16_active_pct: float
+    fp32_active_pct: float
+    fp64_active_pct: float
+    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., mig_uuid: _Optional[str] = ..., name: _Optional[str] = ..., mem_used_bytes: _Optional[int] = ..., mem_total_bytes: _Optional[int] = ..., multiprocessor_count: _Optional[int] = ..., sm_active_pct: _Optional[float] = ..., sm_occupancy_pct: _Optional[float] = ..., tensor_active_pct: _Optional[float] = ..., dram_bw_util_pct: _Optional[float] = ..., fp16_active_pct: _Optional[float] = ..., fp32_active_pct: _Optional[float] = ..., fp64_active_pct: _Optional[float] = ...) -> None: ...
 
 class NodeSample(_message.Message):
     __slots__ = ("time_unix_ns", "cpu_pct", "mem_used_bytes", "mem_total_bytes", "load1", "hwmon_temp_c")

@@ -807,8 +807,10 @@ EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int lengt
 
 EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
     if (!g_init_count) return NVML_ERROR_UNINITIALIZED;
+    /* "<CUDA major the driver supports>.<driver version>", as the driver's library answers (13.580.65.06 for
+     * driver 580.65.06, CUDA 13.0: NVML API 13, the header's NVML_API_VERSION) */
     char v[96];
-    snprintf(v, sizeof v, "12.%s", g_driver_version);
+    snprintf(v, sizeof v, "%d.%s", g_cuda_driver_version / 1000, g_driver_version);
     return copy_str(version, length, v);
 }
 
@@ -956,7 +958,8 @@ EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *
     if (mig_of(dev)) return mig_is_mig(dev, v);
     BEGIN(dev) NEED(v) *v = 0; DONE
 }
-static int mig_capable(const sim_gpu *g) { return g->brand == 2 && g->architecture >= 7 && g->cc_minor == 0; }
+/* the datacenter parts (NVML_BRAND_NVIDIA, 14) of compute capability x.0, Ampere and newer: A100, H100, H200 */
+static int mig_capable(const sim_gpu *g) { return g->brand == 14 && g->architecture >= 7 && g->cc_minor == 0; }
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *cur, unsigned int *pending) {
     BEGIN(dev) NEED(cur) NEED(pending)
     if (!mig_capable(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
@@ -1358,17 +1361,18 @@ static int read_field(const sim_gpu *g, nvmlFieldValue_t *f) {
         return NVML_SUCCESS;
     }
     if (f->fieldId == 38 || f->fieldId == 45 || f->fieldId == 52 || f->fieldId == 59) {
-        /* NVLINK_CRC_FLIT / CRC_DATA / REPLAY / RECOVERY_ERROR_COUNT_TOTAL: the sums over the links of what
-         * nvmlDeviceGetNvLinkErrorCounter answers (CRC flit and replay move together, the others stay 0) */
+        /* NVLINK_CRC_FLIT / CRC_DATA / REPLAY / RECOVERY_ERROR_COUNT_TOTAL: per link, as nvml.h says ("Link ID
+         * needs to be specified in the scopeId field"; the total is over the link's lanes): what
+         * nvmlDeviceGetNvLinkErrorCounter answers for link scopeId (CRC flit and replay move together, the
+         * others stay 0) */
         if (!g->nvlink_links) return NVML_ERROR_NOT_SUPPORTED;
-        /* the counter each total sums: 52 DL_REPLAY (0), 59 DL_RECOVERY (1), 38 DL_CRC_FLIT (2), 45 DL_CRC_DATA (3) */
+        if (f->scopeId >= g->nvlink_links) return NVML_ERROR_INVALID_ARGUMENT;
+        /* the counter each total stands for: 52 DL_REPLAY (0), 59 DL_RECOVERY (1), 38 DL_CRC_FLIT (2), 45 DL_CRC_DATA (3) */
         unsigned counter = f->fieldId == 52 ? 0 : f->fieldId == 59 ? 1 : f->fieldId == 38 ? 2 : 3;
         if (g->nvlink_unsupported >> counter & 1) return NVML_ERROR_NOT_SUPPORTED;
-        unsigned long long total = 0;
-        for (unsigned l = 0; l < g->nvlink_links; l++)
-            total += f->fieldId == 38 ? g->nvlink_crc_flit[l] : f->fieldId == 52 ? g->nvlink_replay[l] : 0;
+        unsigned l = f->scopeId;
         f->valueType = VT_ULL;
-        f->value.ullVal = total;
+        f->value.ullVal = f->fieldId == 38 ? g->nvlink_crc_flit[l] : f->fieldId == 52 ? g->nvlink_replay[l] : 0;
         return NVML_SUCCESS;
     }
     switch (f->fieldId) {
@@ -1413,7 +1417,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int n, nvmlFieldV
         f->timestamp = ts_us;
         f->latencyUsec = 0;
         f->value.ullVal = 0;
-        int per_link = f->fieldId >= 138 && f->fieldId <= 141; /* scopeId is the link */
+        /* scopeId is the link: the throughput counters and the error totals */
+        unsigned id = f->fieldId;
+        int per_link = (id >= 138 && id <= 141) || id == 38 || id == 45 || id == 52 || id == 59;
         f->nvmlReturn = f->scopeId > 1 && !per_link ? NVML_ERROR_NOT_SUPPORTED : read_field(g, f);
         any |= f->nvmlReturn == NVML_SUCCESS;
     }
@@ -1844,6 +1850,7 @@ typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
 typedef struct sim_gpm_sample {
     unsigned magic;
     sim_gpu *gpu; /* NULL until nvmlGpmSampleGet filled it */
+    int instance; /* the MIG GPU instance (its index) it was taken of; -1: the whole GPU */
     int64_t t_us;  /* the start of the tick it was taken in */
     double acc[GPM_N], rate[GPM_N];
 } *nvmlGpmSample_t;
@@ -1890,15 +1897,51 @@ EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
     return NVML_SUCCESS;
 }
 
-/* A sample holds the activity integrals up to the start of the present tick and the present tick's rates. */
+/* A sample holds the activity integrals up to the start of the present tick and the present tick's rates:
+ * the whole GPU's (instance -1), or one MIG GPU instance's. The load's process runs in the first instance
+ * (as the process lists say), so that instance is as active as the load and the others are idle; the parent
+ * keeps answering as a whole GPU. */
+static void gpm_fill(sim_gpu *g, int instance, struct sim_gpm_sample *sample) {
+    sample->gpu = g;
+    sample->instance = instance;
+    sample->t_us = g->hist[g->k % HISTORY].t_us;
+    if (instance <= 0) {
+        memcpy(sample->acc, g->gpm_acc, sizeof sample->acc);
+        memcpy(sample->rate, g->gpm_rate, sizeof sample->rate);
+    } else {
+        memset(sample->acc, 0, sizeof sample->acc);
+        memset(sample->rate, 0, sizeof sample->rate);
+    }
+}
+static nvmlReturn_t mig_gpm_sample(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+    BEGIN_MIG(dev)
+    if (!sample || sample->magic != GPM_SAMPLE_MAGIC) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpm_supported(m->parent)) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    gpm_fill(m->parent, (int)m->index, sample);
+    DONE
+}
 EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+    /* nvml.h: "This API supports the device handle and MIG device handle" */
+    if (mig_of(dev)) return mig_gpm_sample(dev, sample);
     BEGIN(dev)
     if (!sample || sample->magic != GPM_SAMPLE_MAGIC) FAIL(NVML_ERROR_INVALID_ARGUMENT);
     if (!gpm_supported(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
-    sample->gpu = g;
-    sample->t_us = g->hist[g->k % HISTORY].t_us;
-    memcpy(sample->acc, g->gpm_acc, sizeof sample->acc);
-    memcpy(sample->rate, g->gpm_rate, sizeof sample->rate);
+    gpm_fill(g, -1, sample);
+    DONE
+}
+/* One GPU instance of a MIG-enabled GPU by its GPU instance id, on the parent's handle (what DCGM samples).
+ * nvml.h documents no particular error codes; the simulator's: NOT_SUPPORTED without GPM, INVALID_ARGUMENT
+ * with MIG off (as nvmlDeviceGetMigDeviceHandleByIndex), NOT_FOUND for an id that is no instance of the GPU. */
+EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int gpuInstanceId, nvmlGpmSample_t sample) {
+    BEGIN(dev)
+    if (!sample || sample->magic != GPM_SAMPLE_MAGIC) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpm_supported(g)) FAIL(NVML_ERROR_NOT_SUPPORTED);
+    if (!g->mig_instances) FAIL(NVML_ERROR_INVALID_ARGUMENT);
+    int found = -1;
+    for (unsigned i = 0; i < g->mig_instances; i++)
+        if (MIG_GI_IDS[i] == gpuInstanceId) found = (int)i;
+    if (found < 0) FAIL(NVML_ERROR_NOT_FOUND);
+    gpm_fill(g, found, sample);
     DONE
 }
 
@@ -1916,8 +1959,9 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg) {
     if (!mg) return NVML_ERROR_INVALID_ARGUMENT;
     if (mg->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     struct sim_gpm_sample *a = mg->sample1, *b = mg->sample2;
-    if (!a || !b || a->magic != GPM_SAMPLE_MAGIC || b->magic != GPM_SAMPLE_MAGIC || !a->gpu || a->gpu != b->gpu)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!a || !b || a->magic != GPM_SAMPLE_MAGIC || b->magic != GPM_SAMPLE_MAGIC || !a->gpu || a->gpu != b->gpu ||
+        a->instance != b->instance)
+        return NVML_ERROR_INVALID_ARGUMENT; /* two samples of one GPU, or of one GPU instance */
     if (mg->numMetrics == 0 || mg->numMetrics > NVML_GPM_METRIC_MAX) return NVML_ERROR_INVALID_ARGUMENT;
     if (b->t_us < a->t_us) { struct sim_gpm_sample *t = a; a = b; b = t; }
     double dt = (double)(b->t_us - a->t_us) / 1e6;

@@ -25,7 +25,7 @@ def check_facts(info: common_pb2.GpuInfo) -> None:
     assert info.temp_gpu_max_c == p.gpu_max_c and info.temp_mem_max_c == p.mem_max_c
     assert info.power_limit_default_w == p.limit_default_w and info.power_limit_max_w == p.limit_max_w
     assert info.memory_total_bytes == p.memory_total_bytes
-    assert info.vbios_version == "96.00.99.00.01" and info.driver_version == "570.133.20"
+    assert info.vbios_version == "96.00.99.00.01" and info.driver_version == state.DRIVER_VERSION
     assert info.pcie_gen_max == p.pcie_gen and info.pcie_width_max == p.pcie_width
     if p.fan_count:
         assert info.fan_count == p.fan_count and not info.passive_cooling

@@ -14,7 +14,7 @@ from agent_helpers import AgentFactory, Receiver, machine, unique_batches, wait_
 from support import clean_env, gpuprobe_command, stays, wait_until
 
 from gpuprobe.sim import state
-from gpuprobe.sim.profiles import PROFILES, with_overrides
+from gpuprobe.sim.profiles import PROFILES, WORKLOAD_ACTIVITY, with_overrides
 from gpuprobe.sim.runner import SimMachine, open_machine
 from gpuprobe.v1 import telemetry_pb2
 
@@ -287,6 +287,13 @@ def _stream_unprivileged_mig(
     assert not any(s.HasField("mem_used_bytes") or s.HasField("util_pct") for s in samples), "no fake values"
     migs = [m for b in batches.values() for m in b.mig_samples]
     assert len({m.gpu_instance_id for m in migs}) == 2 and all(m.mem_total_bytes > 0 for m in migs)
+    # GPM per GPU instance (nvmlGpmMigSampleGet, as DCGM reads a MIG GPU), also without privileges: the load's
+    # process runs in the first instance (GI 7), at 50 % of the generic workload's SM ratio; the other is idle
+    sm_ratio = WORKLOAD_ACTIVITY["generic"][0]
+    by_gi = {gi: [m for m in migs if m.gpu_instance_id == gi and m.HasField("sm_active_pct")] for gi in (7, 8)}
+    assert by_gi[7] and by_gi[8], "GPM from each instance's second health read on"
+    assert all(m.sm_active_pct == pytest.approx(50 * sm_ratio, abs=0.5) for m in by_gi[7])
+    assert all(m.sm_active_pct == 0.0 and m.HasField("tensor_active_pct") for m in by_gi[8])
     log = agent.log()
     assert log.count("mem_used_bytes may not be read by this user") == 1, "logged once"
     assert log.count("util_pct is not supported") == 1

@@ -375,6 +375,45 @@ def test_an_unsupported_nvlink_counter_is_left_out_alone_and_the_others_are_kept
     assert sum(b.stats.read_errors for b in batches.values()) == 0, "an unsupported counter is no read error"
 
 
+def test_nvlink_errors_on_any_link_are_read_within_a_health_interval(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    """nvml.h: the NVLink error total fields (38, 45, 52, 59) are per link (scopeId is the link), and the
+    simulator answers so. The agent reads every active link's totals to see which links' counters moved, so
+    errors on links other than 0 are stored at the next health read, not up to a minute later; the GPU's
+    total is the sum of its links' counters."""
+    sim = machine(tmp_path / "sim", ["H100-SXM5-80GB"])
+    agent = agent_factory(sim, [receiver.address])
+    agent.wait_for_log("streaming to collector")
+    wait_for_batches(receiver, health_reads(range(1), 2), "two health reads", agent=agent)
+    t_ns = state.inject_nvlink_errors(sim.state_dir, 0, 3, 5)
+    state.inject_nvlink_errors(sim.state_dir, 0, 11, 7)
+
+    def latest(batches: dict[int, telemetry_pb2.SampleBatch]) -> dict[int, telemetry_pb2.NvLinkSample]:
+        points = sorted((n for b in batches.values() for n in b.nvlink_samples), key=lambda n: n.time_unix_ns)
+        return {n.link: n for n in points}
+
+    def moved(batches: dict[int, telemetry_pb2.SampleBatch]) -> bool:
+        last = latest(batches)
+        return 3 in last and 11 in last and last[3].crc_flit_errors == 5 and last[11].crc_flit_errors == 7
+
+    wait_for_batches(receiver, moved, "links 3 and 11 with their errors", agent=agent, timeout_s=10)
+    agent.wait_for_log(r"GPU 0 health: degraded \(NVLink CRC/replay errors grew in the last 60 s\)")
+    assert agent.terminate() == 0
+    batches = unique_batches(receiver.batches())
+    points = [n for b in batches.values() for n in b.nvlink_samples]
+    first_seen = {
+        link: min(n.time_unix_ns for n in points if n.link == link and n.crc_flit_errors > 0) for link in (3, 11)
+    }
+    for link, seen_ns in first_seen.items():
+        assert seen_ns - t_ns < 2.5e9, f"link {link}: stored {(seen_ns - t_ns) / 1e9:.1f} s after the errors"
+    last = latest(batches)
+    assert sum(n.crc_flit_errors for n in last.values()) == 12, "the GPU's total: the sum over its links"
+    assert sum(n.replay_errors for n in last.values()) == 12
+    assert all(last[link].crc_flit_errors == 0 for link in last if link not in (3, 11))
+    assert sum(b.stats.read_errors for b in batches.values()) == 0
+
+
 def test_a_lost_gpu_is_taken_out_of_the_event_set_and_the_others_keep_their_events(
     tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
 ) -> None:

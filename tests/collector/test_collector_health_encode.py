@@ -328,7 +328,8 @@ def test_mig_samples() -> None:
     migs = [
         telemetry_pb2.MigSample(
             time_unix_ns=T, gpu_index=4, gpu_instance_id=7, mig_uuid="MIG-1a2b", name="NVIDIA H100 MIG 1g.10gb",
-            mem_used_bytes=0, mem_total_bytes=10 << 30, multiprocessor_count=16,
+            mem_used_bytes=0, mem_total_bytes=10 << 30, multiprocessor_count=16, sm_active_pct=80.75,
+            tensor_active_pct=0.0,
         ),
         telemetry_pb2.MigSample(time_unix_ns=T, gpu_index=4, gpu_instance_id=8, mig_uuid="MIG-\nevil", name="x"),
         telemetry_pb2.MigSample(time_unix_ns=T, gpu_index=4, gpu_instance_id=9, name="only\tname"),
@@ -337,7 +338,7 @@ def test_mig_samples() -> None:
     assert lines == [
         "gpu_mig,cluster=c1,gpu=4,gpu_instance=7,host=node-1,mig_uuid=MIG-1a2b,model=NVIDIA\\ H100,uuid=GPU-def,"
         f'virt=bare_metal name="NVIDIA H100 MIG 1g.10gb",mem_used_bytes=0i,mem_total_bytes=10737418240i,'
-        f"multiprocessor_count=16i {T}",
+        f"multiprocessor_count=16i,sm_active_pct=80.75,tensor_active_pct=0.0 {T}",
         "gpu_mig,cluster=c1,gpu=4,gpu_instance=9,host=node-1,model=NVIDIA\\ H100,uuid=GPU-def,virt=bare_metal "
         f'name="only name" {T}',
     ]
@@ -377,7 +378,9 @@ def full_batch() -> telemetry_pb2.SampleBatch:
         process_samples=[process(command='py "x"\n\\', cgroup="/k8s,a b=c", energy_j=10.5, used_memory_bytes=1 << 20)],
         nvlink_samples=[telemetry_pb2.NvLinkSample(time_unix_ns=T, gpu_index=3, link=2, replay_errors=4)],
         mig_samples=[
-            telemetry_pb2.MigSample(time_unix_ns=T, gpu_index=4, gpu_instance_id=1, mig_uuid="MIG-x", name="1g.10gb")
+            telemetry_pb2.MigSample(
+                time_unix_ns=T, gpu_index=4, gpu_instance_id=1, mig_uuid="MIG-x", name="1g.10gb", sm_active_pct=42.5
+            )
         ],
         gpu_info=[common_pb2.GpuInfo(index=3, uuid="GPU-abc", name="NVIDIA H100", mig_enabled=True)],
     )  # fmt: skip
@@ -412,6 +415,7 @@ def test_round_trip_through_real_influxdb_and_a_replay_overwrites_itself(influxd
     (series,) = influxdb.query('SELECT * FROM "gpu_mig"')
     (row,) = series.rows()
     assert row["gpu_instance"] == "1" and row["mig_uuid"] == "MIG-x" and row["name"] == "1g.10gb"
+    assert row["sm_active_pct"] == 42.5, "the instance's GPM"
     assert row["uuid"] == "GPU-def"
     (series,) = influxdb.query('SELECT "mig_enabled" FROM "gpu_info"')
     assert series.values[0][1] is True

@@ -33,6 +33,7 @@ import support
 from support import free_port, gpuprobe_command, wait_until
 
 from gpuprobe.devservices import InfluxDBDatabase, MosquittoServer
+from gpuprobe.sim import state
 from gpuprobe.sim.profiles import PROFILES
 
 pytestmark = pytest.mark.slow
@@ -388,7 +389,7 @@ def check_gpu_info(influxdb: InfluxDBDatabase, cluster: str) -> None:
         assert r["power_limit_default_w"] == p.limit_default_w, where
         assert r["memory_total_bytes"] == p.memory_total_bytes, where
         assert (r["pcie_gen_max"], r["pcie_width_max"]) == (p.pcie_gen, p.pcie_width), where
-        assert r["driver_version"] == "570.133.20" and r["vbios_version"], where
+        assert r["driver_version"] == state.DRIVER_VERSION and r["vbios_version"], where
         assert r["passive_cooling"] == (p.fan_count == 0), where
         gpu_series = influxdb.query(
             f'SELECT last("temp_c") FROM "gpu" WHERE "host" = \'{r["host"]}\' AND "gpu" = \'{r["gpu"]}\''

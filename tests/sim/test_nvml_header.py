@@ -427,7 +427,9 @@ def _python_constants() -> list[tuple[str, Any, str]]:
         ("profiles.ARCH_AMPERE", profiles.ARCH_AMPERE, "NVML_DEVICE_ARCH_AMPERE"),
         ("profiles.ARCH_ADA", profiles.ARCH_ADA, "NVML_DEVICE_ARCH_ADA"),
         ("profiles.ARCH_HOPPER", profiles.ARCH_HOPPER, "NVML_DEVICE_ARCH_HOPPER"),
-        ("profiles.BRAND_TESLA", profiles.BRAND_TESLA, "NVML_BRAND_TESLA"),
+        ("profiles.BRAND_NVIDIA", profiles.BRAND_NVIDIA, "NVML_BRAND_NVIDIA"),
+        # the simulated driver's CUDA major: the NVML version's first number, the header's API version
+        ("state.CUDA_DRIVER_VERSION // 1000", state.CUDA_DRIVER_VERSION // 1000, "NVML_API_VERSION"),
         ("profiles.BRAND_GEFORCE", profiles.BRAND_GEFORCE, "NVML_BRAND_GEFORCE"),
         ("profiles.VIRT_NONE", profiles.VIRT_NONE, "NVML_GPU_VIRTUALIZATION_MODE_NONE"),
         ("profiles.VIRT_PASSTHROUGH", profiles.VIRT_PASSTHROUGH, "NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH"),
@@ -467,6 +469,15 @@ def _python_constants() -> list[tuple[str, Any, str]]:
         )
     out.append(("check.FIELD_PCIE_REPLAY", literals["FIELD_PCIE_REPLAY"], "NVML_FI_DEV_PCIE_REPLAY_COUNTER"))
     out.append(("check.FIELD_NVLINK_STATE", literals["FIELD_NVLINK_STATE"], "NVML_FI_DEV_NVLINK_GET_STATE"))
+    for name, (counter, total) in literals["NVLINK_COUNTERS"].items():
+        kind = name.upper()
+        out.append((f"check.NVLINK_COUNTERS[{name}] counter", counter, f"NVML_NVLINK_ERROR_DL_{kind}"))
+        if total is not None:
+            out.append((f"check.NVLINK_COUNTERS[{name}] field", total, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_TOTAL"))
+    # the right version word of each versioned call whose wrong words the check tries
+    out.append(("check.MEMORY_V2_WORDS[0]", literals["MEMORY_V2_WORDS"][0], "nvmlMemory_v2"))
+    out.append(("check.TEMPERATURE_WORDS[0]", literals["TEMPERATURE_WORDS"][0], "nvmlTemperature_v1"))
+    out.append(("check.GPM_METRICS_GET_WORDS[0]", literals["GPM_METRICS_GET_WORDS"][0], "NVML_GPM_METRICS_GET_VERSION"))
     return out
 
 
@@ -803,6 +814,7 @@ AGENT_CALLS: dict[str, list[str]] = {
     "nvmlDeviceGetNvLinkState": ["h", "c_uint", "&c_uint"],
     "nvmlDeviceGetNvLinkErrorCounter": ["h", "c_uint", "c_int", "&c_ulonglong"],
     "nvmlGpmSampleGet": ["h", "gpm"],
+    "nvmlGpmMigSampleGet": ["h", "c_uint", "gpm"],
     "nvmlGpmMetricsGet": ["&nvmlGpmMetricsGet_t"],
     "nvmlDeviceGetFanSpeedRPM": ["h", "&nvmlFanSpeedInfo_t"],
 }

@@ -6,6 +6,10 @@ import json
 import sys
 import textwrap
 
+import pynvml
+
+from gpuprobe.nvml.sensor import ARCHITECTURES
+from gpuprobe.sim import state
 from gpuprobe.sim.profiles import PROFILES
 
 LIST_GPUS = textwrap.dedent(
@@ -88,6 +92,39 @@ def test_mixed_profiles_in_order(cli):
     bad = cli("sim", "run", "--gpus", "3", "--profile", "2xA100-SXM4-80GB,2xL4", "--", "true")
     assert bad.returncode == 2
     assert "describes 4 GPUs but --gpus is 3" in bad.stderr
+
+
+IDENTITY = textwrap.dedent(
+    """
+    import json, pynvml as N
+    N.nvmlInit()
+    def text(v):
+        return v.decode() if isinstance(v, bytes) else v
+    hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount())]
+    print(json.dumps({
+        "driver": text(N.nvmlSystemGetDriverVersion()),
+        "nvml": text(N.nvmlSystemGetNVMLVersion()),
+        "cuda": N.nvmlSystemGetCudaDriverVersion(),
+        "brand": [N.nvmlDeviceGetBrand(h) for h in hs],
+        "architecture": [N.nvmlDeviceGetArchitecture(h) for h in hs],
+    }))
+    """
+)
+
+
+def test_identity_answers_what_a_driver_of_the_headers_api_answers(cli):
+    """The NVML version is "<CUDA major>.<driver version>", as the driver's library answers; a driver of
+    NVML API 13 (the nvml.h the interface is held against) says 13.x. The datacenter parts report
+    NVML_BRAND_NVIDIA, as public `nvidia-smi -q` dumps of A100, H100 and L4 show ("Product Brand : NVIDIA"),
+    the RTX 4090 GeForce."""
+    profile = "A100-SXM4-80GB,H100-SXM5-80GB,H200-SXM-141GB,L4,RTX-4090"
+    proc = cli("sim", "run", "--profile", profile, "--", sys.executable, "-c", IDENTITY)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["driver"] == state.DRIVER_VERSION
+    assert out["nvml"] == f"13.{state.DRIVER_VERSION}" and out["cuda"] == 13000
+    assert out["brand"] == [pynvml.NVML_BRAND_NVIDIA] * 4 + [pynvml.NVML_BRAND_GEFORCE]
+    assert [ARCHITECTURES[a] for a in out["architecture"]] == ["ampere", "hopper", "hopper", "ada", "ada"]
 
 
 def test_set_overrides_a_parameter_of_one_gpu(cli):

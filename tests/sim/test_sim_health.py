@@ -371,6 +371,62 @@ def test_gpm_on_hopper_only_with_activity_that_follows_the_workload(sim: Sim) ->
     assert out["putil"] == [[out["me"], 100]]
 
 
+def test_gpm_per_mig_instance_follows_the_process_placement(sim: Sim) -> None:
+    """nvmlGpmMigSampleGet (what DCGM samples each GPU instance with) answers per GPU instance: the load's
+    process runs in the first instance (GI 7, as the process lists say), which is as active as the load; the
+    other instances are idle. nvmlGpmSampleGet on a MIG device handle gives the same ("supports the device
+    handle and MIG device handle", nvml.h); samples of two instances do not make a metric."""
+    mig = with_overrides(PROFILES["H100-SXM5-80GB"], {"mig_instances": "3"})
+    machine = sim.machine([mig, PROFILES["H100-SXM5-80GB"]], period_s=PERIOD_S)
+    out = sim.run(
+        machine,
+        child(
+            CLI_HELPERS,
+            GPM_READ,
+            """
+        def metrics(a, b):
+            mg = N.c_nvmlGpmMetricsGet_t()
+            mg.version = N.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(IDS)
+            mg.sample1, mg.sample2 = a, b
+            for k, m in enumerate(IDS):
+                mg.metrics[k].metricId = m
+            N.nvmlGpmMetricsGet(mg)
+            return {str(mg.metrics[k].metricId): mg.metrics[k].value for k in range(len(IDS))}
+
+        sim_cli("load", "--gpu", "0", "--util", "100", "--workload", "gpt")
+        time.sleep(0.2)
+        gis = (7, 8, 9)
+        migs = [N.nvmlDeviceGetMigDeviceHandleByIndex(H[0], i) for i in range(3)]
+        first = {gi: N.nvmlGpmMigSampleGet(H[0], gi, N.nvmlGpmSampleAlloc()) for gi in gis}
+        on_handle = N.nvmlGpmSampleGet(migs[1], N.nvmlGpmSampleAlloc())
+        time.sleep(0.5)
+        second = {gi: N.nvmlGpmMigSampleGet(H[0], gi, N.nvmlGpmSampleAlloc()) for gi in gis}
+        by_gi = {gi: metrics(first[gi], second[gi]) for gi in gis}
+        handle_first = N.nvmlGpmSampleGet(migs[0], N.nvmlGpmSampleAlloc())
+        time.sleep(0.2)
+        by_handle = metrics(handle_first, N.nvmlGpmSampleGet(migs[0], N.nvmlGpmSampleAlloc()))
+        mixed = err_name(lambda: metrics(first[7], second[8]))
+        unknown = err_name(lambda: N.nvmlGpmMigSampleGet(H[0], 10, N.nvmlGpmSampleAlloc()))
+        mig_off = err_name(lambda: N.nvmlGpmMigSampleGet(H[1], 7, N.nvmlGpmSampleAlloc()))
+        whole = gpm_over([0], 0.2)[0]
+        emit(dict(by_gi=by_gi, by_handle=by_handle, mixed=mixed, unknown=unknown, mig_off=mig_off, whole=whole))
+        """,
+        ),
+    )
+    sm, tensor = "2", "5"
+    gpt_sm, _, gpt_tensor, *_ = WORKLOAD_ACTIVITY["gpt"]
+    assert out["by_gi"]["7"][sm] == pytest.approx(100 * gpt_sm, abs=0.5)
+    assert out["by_gi"]["7"][tensor] == pytest.approx(100 * gpt_tensor, abs=0.5)
+    for gi in ("8", "9"):
+        assert all(v == 0.0 for v in out["by_gi"][gi].values()), f"GI {gi} runs nothing"
+    assert out["by_handle"][sm] == pytest.approx(out["by_gi"]["7"][sm], abs=0.5), "the MIG handle: the same"
+    assert out["mixed"] == f"err{pynvml.NVML_ERROR_INVALID_ARGUMENT}"
+    assert out["unknown"] == f"err{pynvml.NVML_ERROR_NOT_FOUND}"
+    assert out["mig_off"] == f"err{pynvml.NVML_ERROR_INVALID_ARGUMENT}"
+    assert out["whole"][sm] == pytest.approx(out["by_gi"]["7"][sm], abs=0.5), "the parent answers as a whole GPU"
+
+
 def test_nvlink_state_errors_and_throughput(sim: Sim, cli: Callable[..., CompletedProcess[str]]) -> None:
     profiles = [PROFILES["H100-SXM5-80GB"], PROFILES["L4"]]
     machine = sim.machine(profiles, period_s=PERIOD_S)
@@ -388,6 +444,13 @@ def test_nvlink_state_errors_and_throughput(sim: Sim, cli: Callable[..., Complet
         crc = [N.nvmlDeviceGetNvLinkErrorCounter(h, l, N.NVML_NVLINK_ERROR_DL_CRC_FLIT) for l in (0, 3)]
         replay = [N.nvmlDeviceGetNvLinkErrorCounter(h, l, N.NVML_NVLINK_ERROR_DL_REPLAY) for l in (0, 3)]
         recovery = N.nvmlDeviceGetNvLinkErrorCounter(h, 3, N.NVML_NVLINK_ERROR_DL_RECOVERY)
+        # the error totals are per link (nvml.h: scopeId is the link; the total over its lanes)
+        total_ids = (N.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, N.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+                     N.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, N.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL)
+        def link_totals(link):
+            fields = N.nvmlDeviceGetFieldValues(h, [(i, link) for i in total_ids])
+            return [(f.nvmlReturn, f.value.ullVal) for f in fields]
+        totals = {link: link_totals(link) for link in (0, 3, 17, 18)}
         def tx(link):
             f = N.nvmlDeviceGetFieldValues(h, [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link)])[0]
             assert f.nvmlReturn == 0, f.nvmlReturn
@@ -399,13 +462,17 @@ def test_nvlink_state_errors_and_throughput(sim: Sim, cli: Callable[..., Complet
         time.sleep(0.5)
         t1, b = same_tick(h, lambda: tx(5))
         l4_field = N.nvmlDeviceGetFieldValues(H[1], [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)])[0].nvmlReturn
-        emit(dict(state=state, beyond=beyond, l4=l4, crc=crc, replay=replay, recovery=recovery, idle=idle,
-                  rate_kib_s=(b - a) / ((t1 - t0) / 1e6), l4_field=l4_field))
+        emit(dict(state=state, beyond=beyond, l4=l4, crc=crc, replay=replay, recovery=recovery, totals=totals,
+                  idle=idle, rate_kib_s=(b - a) / ((t1 - t0) / 1e6), l4_field=l4_field))
         """,
         ),
     )
     assert out["state"] == [1] * 18 and out["beyond"] == "err2" and out["l4"] == "err3"
     assert out["crc"] == [0, 5] and out["replay"] == [0, 5] and out["recovery"] == 0
+    # CRC flit, replay, CRC data, recovery of link 0, 3, 17: that link's counters; link 18 is beyond
+    assert out["totals"]["0"] == [[0, 0]] * 4 and out["totals"]["17"] == [[0, 0]] * 4
+    assert out["totals"]["3"] == [[0, 5], [0, 5], [0, 0], [0, 0]]
+    assert [rc for rc, _ in out["totals"]["18"]] == [pynvml.NVML_ERROR_INVALID_ARGUMENT] * 4
     assert out["idle"] == [0, 0]
     # generic load at 100 %: DRAM_BW 40 % -> 25 GB/s x 0.5 x 0.4 = 5 GB/s per link and direction
     assert out["rate_kib_s"] == pytest.approx(5e9 / 1024, rel=0.02)

@@ -55,7 +55,7 @@ def test_gpustat_json(settled, sim, cli, venv_bin):
     ours = sim.run(settled, PYNVML_READ)
     want = expected()
     assert len(report["gpus"]) == 8
-    assert report["driver_version"] == "570.133.20"
+    assert report["driver_version"] == state.DRIVER_VERSION
     for gpu, mine in zip(report["gpus"], ours, strict=True):
         assert gpu["uuid"] == mine["uuid"] and gpu["name"] == mine["name"] == H100.nvml_name
         # gpustat shows whole watts (mW // 1000) and whole degrees
