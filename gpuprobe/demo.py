@@ -43,12 +43,8 @@ NODE_LABELS = {
 GPUS_PER_NODE = 4
 # The simulated GPUs' thermal time constants, shortened (about 4x; the resistances are the profiles'),
 # so that a probe of a minute or two settles: at the stock 30 s heatsink and 120 s inlet air a fit of
-# so short a probe would be an extrapolation (docs/simulator.md has the stock values). The machine does
-# not warm its inlet air here: a node's GPUs load together, so the air's rise can be told from their own
-# slow stages only by its longer time constant, over a window several times that long (the 162 s probe
-# of tests/e2e/test_thermal_pipeline_e2e.py has it; with a 30 s inlet the demo's 63 s window gave own
-# R_th 14-25 % low, the rest taken as inlet)
-DEMO_THERMAL = {"tau_fast_s": "0.8", "tau_s": "8", "inlet_c_per_w": "0", "mem_tau_s": "10"}
+# so short a probe would be an extrapolation (docs/simulator.md has the stock values)
+DEMO_THERMAL = {"tau_fast_s": "0.8", "tau_s": "8", "inlet_tau_s": "30", "mem_tau_s": "10"}
 DB = "gpuprobe"
 
 
@@ -160,8 +156,8 @@ def run_demo(values: dict[str, Any]) -> int:
         f" collector; probe {probe_id} runs about {total_s:.0f} s"
     )
     _say(
-        "the simulated GPUs' thermal time constants are shortened so the probe settles in a minute, and the"
-        " machines do not warm their inlet air: " + ", ".join(f"{k} {v}" for k, v in DEMO_THERMAL.items())
+        "the simulated GPUs' thermal time constants are shortened so the probe settles in a minute: "
+        + ", ".join(f"{k} {v}" for k, v in DEMO_THERMAL.items())
     )
     thermal_sets = [f"--set={i}.{k}={v}" for i in range(GPUS_PER_NODE) for k, v in DEMO_THERMAL.items()]
     with _workdir(values["keep"]) as work, contextlib.ExitStack() as stack:

@@ -19,7 +19,7 @@ import numpy as np
 
 from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.model.acoustic import Calibration, LevelStats, calibrate, level_stats, pair_levels
-from gpuprobe.model.data import Dataset, GpuSeries
+from gpuprobe.model.data import EDGE_MARGIN_NS, Dataset, GpuSeries
 from gpuprobe.model.efficiency import J_PER_KWH, GpuEfficiency, gpu_efficiency, mask_of
 from gpuprobe.model.thermal import (
     AVERAGE_DELAY_S,
@@ -202,7 +202,13 @@ def _thermal_input(ds: Dataset, wide: GpuSeries, s: ModelSettings) -> ThermalInp
     """One GPU's series over the window for the node's thermal fit (the node's power where it has two GPUs
     or more: the inlet stage they share is fitted jointly, :func:`fit_thermal_node`)."""
     w = ds.window
-    g = wide.inside(w.start_ns, w.end_ns)
+    # A trainer slow to get ready (importing torch on a busy machine) has a shorter idle baseline, none
+    # when it is later than the baseline: then the probe's first event is the load step itself, and a fit
+    # of that window starts every stage in equilibrium at the loaded power (held-out error 10 °C on the
+    # demo's node). The margin before a probe, read anyway (data.load), holds the GPU as it was before
+    # the trainer started, at rest; a time range (--from/--to) is fitted as the user drew it.
+    lead_ns = EDGE_MARGIN_NS if w.probe is not None else 0
+    g = wide.inside(w.start_ns - lead_ns, w.end_ns)
     if len(g.t_ns) == 0:
         g = wide
     power, is_average = g.power()
