@@ -355,7 +355,8 @@ def predict_range(
 
     wanted = tuple(hosts) or tuple(sorted({g.host for g in fitted}))
     with InfluxClient(influx, user_agent="gpuprobe-model") as client:
-        dataset = load(client, range_window(client, start_ns, end_ns, wanted))
+        window = range_window(client, start_ns, end_ns, wanted, "--hosts" if hosts else "the fitted file's hosts")
+        dataset = load(client, window)
     errors, skipped = [], []
     for f in fitted:
         series = next((g for g in dataset.gpus if (g.host, g.gpu) == (f.host, f.gpu)), None)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gpuprobe.config import format_time_ns
 from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.model import InfluxSettings, ModelSettings, NoDataError, run
 
@@ -104,3 +106,26 @@ def test_the_headroom_uses_the_gpus_own_threshold_and_the_option_wins(
     (g,) = run(dataclasses.replace(base, slowdown_c=95.0, out_dir=tmp_path / "option")).results.gpus
     assert g.slowdown_c == 95.0 and g.slowdown_source == "option"
     assert g.headroom_c == pytest.approx(95.0 - g.t_pred_at_limit_c)
+
+
+def test_no_data_messages_give_iso_times_and_name_the_hosts_filter(influxdb: InfluxDBDatabase, tmp_path: Path) -> None:
+    """The messages gave the range as raw ns ("between 1764… and 1764… ns") and did not say that
+    --hosts had narrowed the search, so a typo in a host name read as "no data at all"."""
+    start_ns, end_ns = _write_old_node(influxdb)
+    settings = ModelSettings(influx=InfluxSettings(url=influxdb.server.url, database=influxdb.name), out_dir=tmp_path)
+    ranged = dataclasses.replace(settings, start_ns=start_ns, end_ns=end_ns, hosts=("old-nod",))
+    with pytest.raises(NoDataError) as caught:
+        run(ranged)
+    message = str(caught.value)
+    iso = re.findall(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{3})?Z", message)
+    assert iso == [format_time_ns(start_ns), format_time_ns(end_ns)], message
+    assert "on hosts old-nod (--hosts)" in message, message
+    assert not re.search(r"\d{12,}", message), message  # no timestamp written as a number
+    with pytest.raises(NoDataError, match=r"--to \(\S+Z\) must be after --from \(\S+Z\)"):
+        run(dataclasses.replace(ranged, start_ns=end_ns, end_ns=start_ns))
+    with pytest.raises(NoDataError, match=r"no probe 'missing' on hosts a, b \(--hosts\)"):
+        run(dataclasses.replace(settings, probe="missing", hosts=("a", "b")))
+    # without --hosts the messages do not speak of it
+    with pytest.raises(NoDataError) as caught:
+        run(dataclasses.replace(settings, start_ns=end_ns + 10**12, end_ns=end_ns + 2 * 10**12))
+    assert "--hosts" not in str(caught.value) and "on hosts" not in str(caught.value)

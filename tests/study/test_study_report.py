@@ -242,6 +242,9 @@ def test_an_unknown_study_names_the_database(study_run: StudyRun, gpuprobe_study
     status, out, err = gpuprobe_study(study_run, "s-nope")
     assert status == 1 and out == ""
     assert f"no study 's-nope' in database '{study_run.db}'" in err
+    # a study narrowed by --hosts to none of its nodes says so, instead of "no study"
+    status, out, err = gpuprobe_study(study_run, study_run.study, "--hosts", "nosuch-a,nosuch-b")
+    assert status == 1 and "on hosts nosuch-a, nosuch-b (--hosts)" in err, err
 
 
 def test_a_study_without_data_says_which_points(
