@@ -30,6 +30,7 @@ from gpuprobe.model.thermal import (
     ThermalInput,
     detect_steps,
     fit_thermal_node,
+    headroom_c,
     slowdown_for,
     throttled_seconds,
 )
@@ -286,7 +287,7 @@ def _analyze_gpu(ds: Dataset, wide: GpuSeries, s: ModelSettings, fit: ThermalFit
         slowdown_c=slowdown,
         slowdown_source=source,
         t_pred_at_limit_c=predicted,
-        headroom_c=slowdown - predicted if predicted is not None else None,
+        headroom_c=headroom_c(slowdown, predicted),
         temp_max_c=float(np.nanmax(temps)) if np.any(np.isfinite(temps)) else None,
         thermal_throttled_s=throttled_seconds(g.t_ns, reasons, THERMAL_REASONS),
         power_capped_s=throttled_seconds(g.t_ns, reasons, POWER_REASONS),

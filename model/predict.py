@@ -33,7 +33,7 @@ import numpy as np
 
 from gpuprobe.errors import DataError
 from gpuprobe.influx.settings import InfluxSettings
-from gpuprobe.model.thermal import AVERAGE_DELAY_S, ThermalFit, predicted_temperature
+from gpuprobe.model.thermal import AVERAGE_DELAY_S, ThermalFit, headroom_c, predicted_temperature
 from gpuprobe.model.thermal_stages import MAX_GRID, FanLaw, Inlet, Stage, StageModel
 
 #: a window whose temperature holds within STEADY_START_SPAN_C (one whole-degree step: the readings'
@@ -248,7 +248,7 @@ def steady_answer(
         reach,
         within_c,
         slowdown,
-        slowdown - steady if slowdown is not None else None,
+        headroom_c(slowdown, steady),
     )
 
 

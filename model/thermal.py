@@ -91,6 +91,52 @@ def slowdown_for(override_c: float | None, reported_c: float | None) -> tuple[fl
     return DEFAULT_SLOWDOWN_C, "default"
 
 
+def headroom_c(slowdown_c: float | None, steady_c: float | None) -> float | None:
+    """gpuprobe's one *headroom* (model report, ``model predict``, study report; docs/models.md, "Derived"):
+    the GPU's slowdown threshold minus the temperature it settles at under a sustained load, the °C
+    that load keeps from throttling; negative: it would throttle. Not the peak of a window, which a window
+    shorter than a few time constants ends well below the steady temperature (an A100 studied in 20 s
+    windows showed 35 °C where its steady temperature left 14.6 °C). ``gpuprobe model`` takes the fit's
+    steady temperature at the power limit, a study point the one its window was heading to
+    (:func:`window_steady_c`)."""
+    if slowdown_c is None or steady_c is None:
+        return None
+    return slowdown_c - steady_c
+
+
+# a window's step fit is believed only while its τ is within this many window lengths (beyond, the
+# curve is nearly a straight line and its asymptote could be anywhere) and its asymptote's standard
+# error under STEADY_STDERR_C
+STEADY_TAU_WINDOWS = 2.0
+STEADY_STDERR_C = 2.0
+
+
+def window_steady_c(t_ns: np.ndarray, temp_c: np.ndarray, power_w: np.ndarray) -> tuple[float | None, bool]:
+    """The steady temperature a window of nearly constant power was heading to, and whether it is the step
+    response's fitted asymptote (:func:`fit_step`, True) or only the median of the window's last quarter
+    (False: the fit failed or is not to be believed, see ``STEADY_TAU_WINDOWS``; a lower bound while the
+    GPU still warmed up). None without temperature readings."""
+    keep = np.isfinite(temp_c)
+    t, temp = t_ns[keep], temp_c[keep]
+    if len(temp) == 0:
+        return None, False
+    power = np.where(np.isfinite(power_w[keep]), power_w[keep], 0.0)
+    quarter = max(1, len(temp) // 4)
+    last = float(np.median(temp[-quarter:]))
+    if abs(last - float(np.median(temp[:quarter]))) <= 1.0:  # within the readings' 1 °C steps: settled
+        return last, True
+    step = fit_step("heating", t, temp, power, int(t[0]), 0.0)
+    duration_s = (int(t[-1]) - int(t[0])) / 1e9
+    if (
+        step is not None
+        and step.tau_s <= STEADY_TAU_WINDOWS * duration_s
+        and math.isfinite(step.t_inf_stderr_c)
+        and step.t_inf_stderr_c < STEADY_STDERR_C
+    ):
+        return step.t_inf_c, True
+    return last, False
+
+
 @dataclass(frozen=True)
 class RC:
     r_th_c_per_w: float

@@ -15,7 +15,9 @@ import pytest
 
 from gpuprobe.config import format_time_ns
 from gpuprobe.devservices import InfluxDBDatabase
+from gpuprobe.influx.client import InfluxClient
 from gpuprobe.model import InfluxSettings, ModelSettings, NoDataError, run
+from gpuprobe.model.data import load, range_window
 
 R, TAU, T_AMB = 0.1, 5.0, 25.0
 
@@ -129,3 +131,41 @@ def test_no_data_messages_give_iso_times_and_name_the_hosts_filter(influxdb: Inf
     with pytest.raises(NoDataError) as caught:
         run(dataclasses.replace(settings, start_ns=end_ns + 10**12, end_ns=end_ns + 2 * 10**12))
     assert "--hosts" not in str(caught.value) and "on hosts" not in str(caught.value)
+
+
+def test_the_model_and_the_study_give_one_headroom_for_the_same_data(
+    influxdb: InfluxDBDatabase, tmp_path: Path
+) -> None:
+    """One headroom (gpuprobe.model.thermal.headroom_c: slowdown - steady temperature). The same A100 once
+    had 14.6 °C in the model report (its fit's steady temperature at the limit) and 35 °C in the study
+    report (the peak of a window shorter than its τ). Here a study-length window of one τ, cut from the
+    same samples at the power limit, gives the model's figure, which the window's peak would not."""
+    from gpuprobe.study.analysis import Measurement, window_stats
+
+    start_ns, _ = _write_old_node(influxdb, power_limit_w=300.0)  # 300 W from 10 s to 35 s, τ = 5 s
+    influx = InfluxSettings(url=influxdb.server.url, database=influxdb.name)
+    base = ModelSettings(influx=influx, start_ns=start_ns, end_ns=start_ns + 60 * 10**9, out_dir=tmp_path)
+    (g,) = run(dataclasses.replace(base, slowdown_c=87.0)).results.gpus
+    assert g.headroom_c == pytest.approx(87.0 - (T_AMB + R * 300.0), abs=0.7)
+    # the study's reading of a steady window from 10.5 s to 15.5 s (the GPU still 5 °C below where it goes)
+    with InfluxClient(influx) as client:
+        (series,) = load(client, range_window(client, start_ns, start_ns + 60 * 10**9)).gpus
+    window = (start_ns + 10_500_000_000, start_ns + 15_500_000_000)
+    power, _ = series.power()
+    stats = window_stats(
+        series.t_ns,
+        *window,
+        power_w=power,
+        energy_j=series.field("energy_j"),
+        temp_c=series.field("temp_c"),
+        power_limit_w=series.field("power_limit_w"),
+        sm_clock_mhz=np.full(len(series.t_ns), math.nan),
+    )
+    measured = Measurement(
+        host="old-node", gpu="0", gpu_model=g.model, point=0, workload="resnet50", batch_size=64, power_limit="",
+        instance_type="", virt="", region="", start_ns=window[0], end_ns=window[1], window_closed=True,
+        samples_per_s=100.0, trainer_reports=5, devices=["cuda"], requested_limit_w=300.0, slowdown_c=87.0,
+        est_dba=None, stats=stats,
+    )  # fmt: skip
+    assert stats.steady_fitted and measured.headroom_c == pytest.approx(g.headroom_c, abs=1.0)
+    assert stats.peak_temp_c is not None and 87.0 - stats.peak_temp_c > g.headroom_c + 3.0  # what the peak said

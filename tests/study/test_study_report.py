@@ -28,6 +28,7 @@ from study_synthetic import (
     expected,
     peak_temp_c,
     samples_per_j,
+    steady_temp_c,
 )
 
 from gpuprobe.devservices import InfluxDBDatabase
@@ -61,7 +62,9 @@ def test_every_gpu_at_every_point(study_report: StudyReport) -> None:
         if g.slowdown_c is None:
             assert m.headroom_c is None, where
         else:
-            assert m.headroom_c == pytest.approx(g.slowdown_c - peak_temp_c(g, m.point)), where
+            # from the steady temperature (the one hotter reading is the peak, not where it settled)
+            assert m.stats.steady_temp_c == steady_temp_c(g, m.point) and m.stats.steady_fitted, where
+            assert m.headroom_c == pytest.approx(g.slowdown_c - steady_temp_c(g, m.point)), where
 
 
 def test_groups(study_report: StudyReport) -> None:
