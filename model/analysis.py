@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,9 @@ from gpuprobe.model.thermal import (
     slowdown_for,
     throttled_seconds,
 )
+
+#: what hears a run's stages as they start (the CLI prints them, see gpuprobe.model.cli)
+Progress = Callable[[str], None]
 
 MIN_FLEET = 3  # GPUs of one model needed before one of them can stand out
 
@@ -225,12 +228,24 @@ def _thermal_input(ds: Dataset, wide: GpuSeries, s: ModelSettings) -> ThermalInp
     )
 
 
-def _thermal_fits(ds: Dataset, s: ModelSettings) -> list[ThermalFit]:
-    """Every GPU's thermal fits, node by node (in the order of ``ds.gpus``)."""
+def _thermal_fits(ds: Dataset, s: ModelSettings, progress: Progress | None = None) -> list[ThermalFit]:
+    """Every GPU's thermal fits, node by node (in the order of ``ds.gpus``); ``progress`` hears each
+    node's stages (the fits are what takes long: seconds to minutes per node)."""
     fits: list[ThermalFit | None] = [None] * len(ds.gpus)
-    for host in sorted({g.host for g in ds.gpus}):
+    hosts = sorted({g.host for g in ds.gpus})
+    for number, host in enumerate(hosts, 1):
         index = [i for i, g in enumerate(ds.gpus) if g.host == host]
-        node = fit_thermal_node([_thermal_input(ds, ds.gpus[i], s) for i in index], holdout=s.holdout)
+
+        def say(message: str, host: str = host, number: int = number) -> None:
+            if progress is not None:
+                progress(f"fitting node {number} of {len(hosts)}, {host}: {message}")
+
+        node = fit_thermal_node(
+            [_thermal_input(ds, ds.gpus[i], s) for i in index],
+            holdout=s.holdout,
+            progress=say,
+            names=[ds.gpus[i].gpu for i in index],
+        )
         for i, fit in zip(index, node, strict=True):
             fits[i] = fit
     return [f if f is not None else ThermalFit() for f in fits]
@@ -428,9 +443,10 @@ def find_outliers(gpus: Sequence[GpuResult], s: ModelSettings) -> list[Outlier]:
     return out
 
 
-def analyze(ds: Dataset, s: ModelSettings) -> Results:
+def analyze(ds: Dataset, s: ModelSettings, progress: Progress | None = None) -> Results:
+    """Every figure of the window; ``progress`` hears each stage of the thermal fits as it starts."""
     w = ds.window
-    fits = _thermal_fits(ds, s)
+    fits = _thermal_fits(ds, s, progress)
     gpus = [_analyze_gpu(ds, g, s, fit) for g, fit in zip(ds.gpus, fits, strict=True)]
     hosts = sorted({g.host for g in gpus})
     nodes = [_analyze_node(ds, h, [g for g in gpus if g.host == h], s) for h in hosts]

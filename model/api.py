@@ -12,7 +12,7 @@ from gpuprobe import __version__
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.eventreads import event_sources
 from gpuprobe.influx.retention import write_with_events
-from gpuprobe.model.analysis import ModelSettings, Results, analyze
+from gpuprobe.model.analysis import ModelSettings, Progress, Results, analyze
 from gpuprobe.model.data import Dataset, find_probe, load, range_window
 
 
@@ -38,8 +38,9 @@ def _settings_for_report(s: ModelSettings) -> dict[str, Any]:
     return shown
 
 
-def fit(settings: ModelSettings) -> tuple[Dataset, Results]:
-    """Read and fit, without writing anything."""
+def fit(settings: ModelSettings, progress: Progress | None = None) -> tuple[Dataset, Results]:
+    """Read and fit, without writing anything; ``progress`` hears each stage as it starts."""
+    say = progress or (lambda _message: None)
     if not settings.probe and (settings.start_ns is None or settings.end_ns is None):
         raise ValueError("give a probe id, or both the start and the end of a time range")
     with InfluxClient(settings.influx, user_agent="gpuprobe-model") as client:
@@ -49,20 +50,24 @@ def fit(settings: ModelSettings) -> tuple[Dataset, Results]:
         else:
             assert settings.start_ns is not None and settings.end_ns is not None
             window = range_window(client, settings.start_ns, settings.end_ns, settings.hosts)
+        say(f"reading the samples of {window.describe()} on {len(window.hosts)} host(s)")
         dataset = load(client, window, sources)
-    return dataset, analyze(dataset, settings)
+    return dataset, analyze(dataset, settings, progress)
 
 
 def _file_stem(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label) or "report"
 
 
-def run(settings: ModelSettings) -> ReportPaths:
-    """Fit, write ``<out_dir>/<label>.html`` and ``.json``, and (unless disabled) the ``model`` points."""
+def run(settings: ModelSettings, progress: Progress | None = None) -> ReportPaths:
+    """Fit, write ``<out_dir>/<label>.html`` and ``.json``, and (unless disabled) the ``model`` points;
+    ``progress`` hears each stage as it starts."""
     from gpuprobe.model.output import model_lines, summary_table, to_jsonable
     from gpuprobe.model.report import render_html
 
-    dataset, results = fit(settings)
+    dataset, results = fit(settings, progress)
+    if progress is not None:
+        progress(f"drawing the plots and writing the report in {settings.out_dir}")
     out_dir = settings.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = _file_stem(results.label)

@@ -44,6 +44,7 @@ of an output-error simulation over the whole window) is the fallback when the ou
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -428,16 +429,27 @@ class ThermalInput:
     mem_temp_c: np.ndarray | None = None  # the memory's temperature (NVML field 82), for the node's inlet
 
 
-def fit_thermal_node(inputs: list[ThermalInput], *, holdout: float = 0.3) -> list[ThermalFit]:
+def fit_thermal_node(
+    inputs: list[ThermalInput],
+    *,
+    holdout: float = 0.3,
+    progress: Callable[[str], None] | None = None,
+    names: Sequence[str] = (),
+) -> list[ThermalFit]:
     """Every fit of every GPU of one node: the step and ARX fits per GPU, the output-error stage models
     of the node together (:func:`~gpuprobe.model.thermal_stages.fit_staged_node`: with two GPUs or more
-    with the node's power, the inlet candidate is fitted jointly, its stage shared by all of them)."""
+    with the node's power, the inlet candidate is fitted jointly, its stage shared by all of them).
+    ``progress`` hears each stage as it starts (``names``: the GPUs as messages call them)."""
+    say = progress or (lambda _message: None)
     results, members = [], []
-    for x in inputs:
+    for i, x in enumerate(inputs):
+        say(f"GPU {names[i] if i < len(names) else i}: step and ARX fits")
         result, member = _second_opinions(x)
         results.append(result)
         members.append(member)
     ready = [i for i, m in enumerate(members) if m is not None]
+    if ready:
+        say(f"output-error models of {'the GPU' if len(ready) == 1 else f'its {len(ready)} GPUs together'}")
     staged = fit_staged_node([m for m in members if m is not None], holdout=holdout) if ready else []
     fits: list[StagedFit | None] = [None] * len(inputs)
     for i, st in zip(ready, staged, strict=True):

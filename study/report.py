@@ -605,8 +605,8 @@ def _groups(r: StudyReport) -> Section:
         "<h2>Groups</h2>",
         '<p class="muted">One row per instance type x GPU model x virt x region x workload x batch size x power '
         "limit. samples/s per GPU: mean over its GPUs; samples/J: Σ samples/s ÷ Σ mean W; enforced W: the limit the "
-        "GPUs reported (what really ran); headroom: the slowdown threshold minus the steady temperature (where the window's temperature "
-        "was heading, as `gpuprobe model` counts it), the smallest of the GPUs'; cost: price "
+        "GPUs reported (what really ran); headroom: the slowdown threshold minus the steady temperature (where "
+        "the window's temperature was heading, as gpuprobe model counts it), the smallest of the GPUs'; cost: price "
         "per hour ÷ 3600 ÷ (samples/s per GPU x GPUs of the node in the study) x 1e6.</p>",
         _table(GROUP_HTML_HEADERS, rows, left=7, sim=[g.simulated for g in r.groups]),
     ]

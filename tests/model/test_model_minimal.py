@@ -169,3 +169,44 @@ def test_the_model_and_the_study_give_one_headroom_for_the_same_data(
     )  # fmt: skip
     assert stats.steady_fitted and measured.headroom_c == pytest.approx(g.headroom_c, abs=1.0)
     assert stats.peak_temp_c is not None and 87.0 - stats.peak_temp_c > g.headroom_c + 3.0  # what the peak said
+
+
+def test_a_run_names_each_stage_of_its_fits_and_the_cli_shows_them_only_after_a_few_seconds(
+    influxdb: InfluxDBDatabase, tmp_path: Path
+) -> None:
+    """A fit of a fleet takes minutes with no output: the stages (which node, which GPU, which fit) go to
+    stderr once a run has taken longer than a few seconds, one line each."""
+    import io
+
+    from gpuprobe.model.cli import QuietProgress
+
+    start_ns, end_ns = _write_old_node(influxdb, power_limit_w=300.0)
+    influx = InfluxSettings(url=influxdb.server.url, database=influxdb.name)
+    heard: list[str] = []
+    run(ModelSettings(influx=influx, start_ns=start_ns, end_ns=end_ns, out_dir=tmp_path), heard.append)
+    assert heard[0].startswith(f"reading the samples of {format_time_ns(start_ns)} to ")
+    assert "fitting node 1 of 1, old-node: GPU 0: step and ARX fits" in heard
+    assert "fitting node 1 of 1, old-node: output-error models of the GPU" in heard
+    assert heard[-1].startswith("drawing the plots") and len(heard) == 4
+
+    fast = io.StringIO()
+    quiet = QuietProgress("gpuprobe model", after_s=60.0, stream=fast)
+    for message in heard:
+        quiet(message)
+    quiet.close()
+    assert fast.getvalue() == ""  # a run that ends within the quiet time prints nothing
+    slow = io.StringIO()
+    shown = QuietProgress("gpuprobe model", after_s=0.05, stream=slow)
+    shown("fitting node 1 of 2, a: GPU 0: step and ARX fits")
+    assert slow.getvalue() == ""
+    deadline = time.monotonic() + 5.0
+    while not slow.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    shown("fitting node 1 of 2, a: output-error models of its 2 GPUs together")
+    shown.close()
+    shown("writing")  # after close: nothing more
+    lines = slow.getvalue().splitlines()
+    assert [re.sub(r"\[\d+ s\] ", "", line) for line in lines] == [
+        "gpuprobe model: fitting node 1 of 2, a: GPU 0: step and ARX fits",
+        "gpuprobe model: fitting node 1 of 2, a: output-error models of its 2 GPUs together",
+    ], lines
