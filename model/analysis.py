@@ -38,6 +38,12 @@ from gpuprobe.model.thermal import (
 #: what hears a run's stages as they start (the CLI prints them, see gpuprobe.model.cli)
 Progress = Callable[[str], None]
 
+#: the note of a window whose throughput is simulated (the report shows it first, above every figure)
+SIMULATED_NOTE = (
+    "SIMULATED throughput: samples/s (and so J/sample and samples/J) come from simulated GPUs, the "
+    "simulator's performance model (trainer device=sim), not a measurement"
+)
+
 MIN_FLEET = 3  # GPUs of one model needed before one of them can stand out
 
 
@@ -489,10 +495,7 @@ def analyze(ds: Dataset, s: ModelSettings, progress: Progress | None = None) -> 
             " (--slowdown-c sets one)"
         )
     if any(t.device == "sim" for t in ds.trainer):
-        notes.append(
-            "SIMULATED throughput: samples/s (and so J/sample and samples/J) come from simulated GPUs, the "
-            "simulator's performance model (trainer device=sim), not a measurement"
-        )
+        notes.append(SIMULATED_NOTE)
     return Results(
         label=w.label,
         probe=w.probe,

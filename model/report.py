@@ -14,14 +14,14 @@ import base64
 import html
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
 from gpuprobe.energy import cumulative_energy
-from gpuprobe.model.analysis import GpuResult, Results
+from gpuprobe.model.analysis import SIMULATED_NOTE, GpuResult, Results
 from gpuprobe.model.data import Dataset, GpuSeries
 from gpuprobe.model.thermal import AVERAGE_DELAY_S, predicted_temperature, simulate
 from gpuprobe.model.thermal_stages import Interval
@@ -57,6 +57,19 @@ def _shade_phases(ax: Any, results: Results, host: str) -> None:
             start = (int(str(p["start_ns"])) - results.start_ns) / 1e9
             end = (int(str(p["end_ns"])) - results.start_ns) / 1e9
             ax.axvspan(start, end, color=colour, zorder=0, lw=0)
+
+
+def phase_legend(fig: Any, phases: Iterable[Mapping[str, Any]]) -> list[str]:
+    """A key to the shaded phases under the figure's plots (outside them, so it covers no data): one swatch
+    per phase that ``phases`` has, in the order the phases run; returns their labels."""
+    from matplotlib.patches import Patch
+
+    present = {str(p["phase"]) for p in phases}
+    labels = [f"{name} phase" for name in PHASE_COLOURS if name in present]
+    if labels:
+        handles = [Patch(facecolor=PHASE_COLOURS[label.split()[0]], edgecolor="#dadce0") for label in labels]
+        fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=7, frameon=False)
+    return labels
 
 
 def _series(ds: Dataset, g: GpuResult) -> GpuSeries:
@@ -113,6 +126,7 @@ def thermal_figure(ds: Dataset, results: Results, host: str) -> str:
         ax.set_ylabel("°C", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6, loc="lower right")
+    phase_legend(fig, results.phases.get(host, []))
     fig.suptitle(f"{host}: GPU temperature and the fitted thermal model", fontsize=10)
     return _png(fig)
 
@@ -191,6 +205,7 @@ def power_figure(ds: Dataset, results: Results, host: str) -> str:
     for ax in (ax_p, ax_e):
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6, ncol=4)
+    phase_legend(fig, results.phases.get(host, []))
     fig.suptitle(f"{host}: power and cumulative energy (NVML counter)", fontsize=10)
     return _png(fig)
 
@@ -245,6 +260,7 @@ def acoustic_figure(ds: Dataset, results: Results) -> str | None:
             ax2.set_title(f"{host}: calibration against the microphone", fontsize=8)
             ax2.tick_params(labelsize=7)
             ax2.legend(fontsize=6)
+    phase_legend(fig, [p for host in hosts for p in results.phases.get(host, [])])
     return _png(fig)
 
 
@@ -280,6 +296,7 @@ h3{font-size:15px;margin:18px 0 6px} table{border-collapse:collapse;margin:6px 0
 th,td{border:1px solid #dadce0;padding:3px 7px;text-align:right} th{background:#f1f3f4}
 td.l,th.l{text-align:left} .flag{color:#b3261e;font-weight:600} img{max-width:100%;display:block;margin:8px 0}
 .muted{color:#5f6368;font-size:12px} .box{background:#f8f9fa;border:1px solid #dadce0;padding:8px 12px;margin:8px 0}
+.box.sim{background:#fff8e1;border-color:#f0c36d;color:#9a5b00}
 """
 
 
@@ -350,6 +367,11 @@ def _header(r: Results) -> Section:
         f'<p class="muted">{_time(r.start_ns)} → {_time(r.end_ns)} ({f.duration_s:.1f} s); workload '
         f"{_fmt(r.workload)}; status {_fmt(r.status)}; {f.gpus} GPUs on {f.nodes} nodes. "
         "Acoustic proxy levels are <b>estimates</b>, not measurements. Methods: docs/models.md.</p>",
+        *(
+            [f'<p class="box sim" id="simulated"><b>{html.escape(SIMULATED_NOTE)}</b>.</p>']
+            if SIMULATED_NOTE in r.notes
+            else []
+        ),
     ]
 
 
@@ -824,9 +846,10 @@ def _phases(r: Results) -> Section:
 
 
 def _notes(r: Results) -> Section:
-    if not r.notes:
+    notes = [n for n in r.notes if n != SIMULATED_NOTE]  # that one opens the report (_header)
+    if not notes:
         return []
-    return ["<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in r.notes) + "</ul>"]
+    return ["<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"]
 
 
 def _settings(settings: dict[str, Any]) -> Section:

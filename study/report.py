@@ -20,6 +20,7 @@ import dataclasses
 import html
 import io
 import math
+import textwrap
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -220,13 +221,17 @@ GROUP_HEADERS = [
     "mean W",
     "enforced W",
     "peak °C",
+    # from here on the terminal's names only (GROUP_HTML_HEADERS has its own): short, for 120 columns
     "headroom °C",
     "proxy dBA",
-    "USD/1M samples",
-    "virt overhead %",
+    "USD/1M",
+    "overhead %",
     "refused",
     "data",
 ]
+
+
+KEY_COLUMNS = 5  # GPU model, workload, instance type, virt, region: what a configuration is
 
 
 def _group_row(g: Group) -> list[str]:
@@ -275,15 +280,80 @@ def _optimal_lines(report: StudyReport) -> list[str]:
     return lines
 
 
+#: the width the terminal summary keeps within (a table row, and the text lines, which wrap)
+TERMINAL_COLUMNS = 120
+#: the group columns the terminal leaves to the HTML and JSON first, while its table is wider than
+#: TERMINAL_COLUMNS (after the columns with one value in every row, which it says once above the table)
+TERMINAL_DROP_ORDER = ("J/sample", "proxy dBA", "enforced W", "nodes", "peak °C", "refused")
+
+
+def terminal_columns(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], left: int, width: int = TERMINAL_COLUMNS
+) -> tuple[list[str], list[list[str]], int, list[str]]:
+    """The table the terminal shows: (headers, rows, left-aligned columns, the lines said above it). A
+    column with one value in every row becomes a line ``header: value`` above it; then the columns of
+    ``TERMINAL_DROP_ORDER`` go, one by one, while the table is wider than ``width`` (a last line names
+    them: they stay in the HTML report and the JSON)."""
+    keep = list(range(len(headers)))
+    above = []
+    if len(rows) > 1:
+        for i in list(keep):
+            values = {r[i] for r in rows}
+            if len(values) == 1 and headers[i] != "data":
+                above.append(f"{headers[i]}: {values.pop()}")
+                keep.remove(i)
+
+    def table_width(columns: list[int]) -> int:
+        return sum(max([len(headers[i]), *(len(r[i]) for r in rows)]) for i in columns) + 2 * (len(columns) - 1)
+
+    dropped = []
+    for name in TERMINAL_DROP_ORDER:
+        if table_width(keep) <= width:
+            break
+        if name in headers and headers.index(name) in keep:
+            keep.remove(headers.index(name))
+            dropped.append(name)
+    lines = ["every row: " + "; ".join(above)] if above else []
+    if dropped:
+        lines.append(f"in the HTML report and the JSON only: {', '.join(dropped)}")
+    shown_left = sum(1 for i in keep if i < left)
+    return [headers[i] for i in keep], [[r[i] for i in keep] for r in rows], shown_left, lines
+
+
+def _wrapped(lines: Sequence[str], width: int = TERMINAL_COLUMNS) -> list[str]:
+    """Text lines wrapped to ``width``, each continuation 4 spaces deeper than its line (a list item of the
+    summary is 2 deep: its continuations never read as the next item)."""
+    out: list[str] = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out.extend(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""])
+    return out
+
+
 def summary_table(report: StudyReport) -> str:
-    """What the terminal shows: the groups, the optimal points, rankings, refusals, gaps and notes."""
+    """What the terminal shows: the groups (each configuration a heading over its rows), the optimal points,
+    rankings, refusals, gaps and notes, within ``TERMINAL_COLUMNS`` (:func:`terminal_columns`; text wraps)."""
     out = [
         f"study {report.study} (database {report.database}): {len(report.nodes)} nodes, "
-        f"{len(report.points)} points, {len(report.measurements)} GPU x point windows"
-        + ("; SOME FIGURES ARE SIMULATED (data column)" if report.simulated else ""),
+        f"{len(report.points)} points, {len(report.measurements)} GPU x point windows",
+        *(["SOME FIGURES ARE SIMULATED (data column)"] if report.simulated else []),
         "",
     ]
-    out += text_table(GROUP_HEADERS, [_group_row(g) for g in report.groups], left=7)
+    # the configuration (GPU model, workload, instance type, virt, region) heads each run of its rows
+    # instead of taking 60 columns of every row; the figures' columns line up across the runs
+    full = [_group_row(g) for g in report.groups]
+    headers, rows, left, said = terminal_columns(
+        GROUP_HEADERS[KEY_COLUMNS:], [r[KEY_COLUMNS:] for r in full], left=2, width=TERMINAL_COLUMNS - 2
+    )
+    lines = text_table(headers, rows, left=left)
+    table = lines[:2]  # never wrapped: a wrapped row is no row
+    for i, (row, line) in enumerate(zip(full, lines[2:], strict=True)):
+        if i == 0 or row[:KEY_COLUMNS] != full[i - 1][:KEY_COLUMNS]:
+            table.append(" · ".join(cell for cell in row[:KEY_COLUMNS] if cell != "—"))
+        table.append(f"  {line}")
+    table[:2] = [f"  {table[0]}", f"  {table[1]}"]
+    out += said
+    before = len(out)  # the title, a blank line and the lines about the table come before it
     if report.pareto:
         out += ["", "optimal points per GPU model and workload (time-energy Pareto frontier):"]
         out += [f"  {line}" for line in _optimal_lines(report)]
@@ -309,7 +379,7 @@ def summary_table(report: StudyReport) -> str:
             out.append(f"  {m.host} gpu {m.gpu or '—'} point {'?' if m.point is None else m.point}: {m.reason}")
     if report.notes:
         out += ["", *(f"note: {n}" for n in report.notes)]
-    return "\n".join(out)
+    return "\n".join(_wrapped(out[:before]) + table + _wrapped(out[before:]))
 
 
 # --- HTML ----------------------------------------------------------------------------------------

@@ -210,3 +210,42 @@ def test_a_run_names_each_stage_of_its_fits_and_the_cli_shows_them_only_after_a_
         "gpuprobe model: fitting node 1 of 2, a: GPU 0: step and ARX fits",
         "gpuprobe model: fitting node 1 of 2, a: output-error models of its 2 GPUs together",
     ], lines
+
+
+def test_the_report_says_simulated_first_and_keys_its_phase_shading(influxdb: InfluxDBDatabase, tmp_path: Path) -> None:
+    """The SIMULATED note was the last thing of the report (under Notes, after every figure), and the
+    phases' shading had no key."""
+    import html
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from gpuprobe.model.analysis import SIMULATED_NOTE
+    from gpuprobe.model.report import phase_legend
+
+    start_ns, end_ns = _write_old_node(influxdb, power_limit_w=300.0)
+    influxdb.write_lines(
+        [
+            f'trainer,device=sim,gpu=0,host=old-node,workload=resnet50 samples_per_s={100.0 + k},phase="steady" '
+            f"{start_ns + (12 + k) * 10**9}"
+            for k in range(20)
+        ]
+    )
+    influx = InfluxSettings(url=influxdb.server.url, database=influxdb.name)
+    paths = run(ModelSettings(influx=influx, start_ns=start_ns, end_ns=end_ns, out_dir=tmp_path))
+    text, note = paths.html.read_text(), html.escape(SIMULATED_NOTE)
+    assert text.count(note) == 1  # once, at the top
+    assert text.index(note) < text.index("<h2>")  # above the first section
+    assert text.index('id="simulated"') < text.index("<img")
+
+    fig = plt.figure(layout="constrained")
+    fig.add_subplot().plot([0, 1], [0, 1])
+    labels = phase_legend(fig, [{"phase": "steady"}, {"phase": "idle"}, {"phase": "cooldown"}, {"phase": "x"}])
+    assert labels == ["idle phase", "steady phase", "cooldown phase"]  # the order the phases run
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == labels
+    empty = plt.figure()
+    assert phase_legend(empty, []) == [] and not empty.legends
+    plt.close("all")

@@ -159,14 +159,26 @@ def test_the_command_writes_table_html_json_and_model_points(
     # progress on stderr
     assert "reading the events of study" in err and "reading GPU samples" in err
     # the table: a row per group, the simulated L4 rows say so, the optimal points and the refusal
-    rows = [line for line in out.splitlines() if line.startswith(("NVIDIA H100", "NVIDIA L4"))]
-    assert len(rows) == 12
+    # (each configuration heads its rows: GPU model · workload · instance type · virt · region)
+    lines = out.splitlines()
+    headings = [line for line in lines if line.startswith(("NVIDIA H100", "NVIDIA L4"))]
+    assert headings == [
+        f"{H100} · resnet50 · g6.vgpu · vgpu · eu-west-1",
+        f"{H100} · resnet50 · p5.48xlarge · bare_metal · us-east-1",
+        f"{L4} · resnet50 · g6.vgpu · vgpu · eu-west-1",
+    ]
+    rows = [line for line in lines if re.match(r"  (64|128) ", line)]
+    assert len(rows) == 12 and all(lines.index(rows[0]) > lines.index(headings[0]) for _ in rows)
     data = [line.split()[-1] for line in rows]
     assert data == ["measured"] * 8 + ["simulated"] * 3 + ["—"]  # the last L4 group is the refused point
     assert "SOME FIGURES ARE SIMULATED" in out
-    assert re.search(r"NVIDIA L4 / resnet50: energy-optimal batch 64, limit 60% .*\(simulated\)", out)
-    assert re.search(r"NVIDIA H100 80GB HBM3 / resnet50: energy-optimal batch 128, limit 60% on p5\.48xlarge", out)
-    assert f"node-b gpu 1 point 3 (resnet50, batch 128, limit 60%): {L4_REFUSAL}" in out
+    # it fits a 120-column terminal (it was ~230): the table drops what it says above it or leaves to the
+    # HTML, and the text wraps, each continuation 4 spaces deeper than its line
+    assert max(len(line) for line in out.splitlines()) <= 120, out
+    text = re.sub(r"\n {4,}", " ", out)
+    assert re.search(r"NVIDIA L4 / resnet50: energy-optimal batch 64, limit 60% .*\(simulated\)", text)
+    assert re.search(r"NVIDIA H100 80GB HBM3 / resnet50: energy-optimal batch 128, limit 60% on p5\.48xlarge", text)
+    assert f"node-b gpu 1 point 3 (resnet50, batch 128, limit 60%): {L4_REFUSAL}" in text
     assert "+10.0" in out  # the vgpu overhead
     assert f"report: {html}" in out and f"numbers: {numbers}" in out
     assert "`model` points written (kind=study): 12" in out
@@ -326,3 +338,21 @@ def test_a_plain_probe_is_not_a_study(influxdb: InfluxDBDatabase, gpuprobe_study
     assert (
         f"probe 'p-plain' in database '{influxdb.name}' is not a study: none of its `probe` events names a point" in err
     )
+
+
+def test_the_terminal_table_says_constant_columns_once_and_leaves_the_least_needed_to_the_html() -> None:
+    from gpuprobe.study.report import terminal_columns
+
+    headers = ["batch", "limit", "samples/J", "J/sample", "proxy dBA", "refused", "data"]
+    rows = [
+        ["64", "as is", "2.5", "0.4", "55.0", "0", "measured"],
+        ["128", "60%", "3.1", "0.32", "55.0", "0", "simulated"],
+    ]
+    shown, body, left, said = terminal_columns(headers, rows, left=2, width=200)
+    assert shown == ["batch", "limit", "samples/J", "J/sample", "data"] and left == 2
+    assert said == ["every row: proxy dBA: 55.0; refused: 0"]
+    assert body == [["64", "as is", "2.5", "0.4", "measured"], ["128", "60%", "3.1", "0.32", "simulated"]]
+    narrow, _, _, said = terminal_columns(headers, rows, left=2, width=30)
+    assert "J/sample" not in narrow and said[-1] == "in the HTML report and the JSON only: J/sample"
+    single, _, _, said = terminal_columns(headers, rows[:1], left=2, width=200)
+    assert single == headers and said == []  # one row: nothing is "the same in every row"
