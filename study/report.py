@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuprobe.influx.lineprotocol import encode_line
+from gpuprobe.model.report import legend_beside
 from gpuprobe.study.analysis import (
     Group,
     GroupKey,
@@ -385,11 +386,12 @@ def summary_table(report: StudyReport) -> str:
 # --- HTML ----------------------------------------------------------------------------------------
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1400px;color:#202124}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1400px;
+padding:0 24px;color:#202124}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #dadce0}
-table{border-collapse:collapse;margin:6px 0 12px;font-size:12px}
-th,td{border:1px solid #dadce0;padding:3px 7px;text-align:right} th{background:#f1f3f4}
-td.l,th.l{text-align:left} td.l{white-space:nowrap} .wide{overflow-x:auto}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:11px}
+th,td{border:1px solid #dadce0;padding:2px 4px;text-align:right} th{background:#f1f3f4}
+td.l,th.l{text-align:left} .wide{overflow-x:auto}
 img{max-width:100%;display:block;margin:8px 0}
 tr.sim td{background:#fff8e1} .sim{color:#9a5b00;font-weight:600}
 .muted{color:#5f6368;font-size:12px} .box{background:#fff8e1;border:1px solid #f0c36d;padding:8px 12px;margin:8px 0}
@@ -464,6 +466,12 @@ def pareto_figure(report: StudyReport, gpu_model: str) -> str | None:
     """Time per sample against energy per sample of every group of one GPU model (one panel per
     workload), the frontier as a line, the energy- and time-optimal points marked; hollow markers and
     "(simulated)" where the throughput is the simulator's."""
+    fig = pareto_plot(report, gpu_model)
+    return None if fig is None else _png(fig)
+
+
+def pareto_plot(report: StudyReport, gpu_model: str) -> Any:
+    """The figure of :func:`pareto_figure` (None without a frontier of that GPU model)."""
     fronts = [f for f in report.pareto if f.gpu_model == gpu_model]
     if not fronts:
         return None
@@ -516,14 +524,21 @@ def pareto_figure(report: StudyReport, gpu_model: str) -> str | None:
         ax.set_ylabel("energy per sample, J", fontsize=8)
         ax.set_title(f"{f.workload}{_sim(f.simulated)}", fontsize=9)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6)
+    # the same key for every panel: once, under them (outside every axes)
+    fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=7)
     fig.suptitle(f"{gpu_model}: time-energy Pareto frontier{_sim(any(f.simulated for f in fronts))}", fontsize=10)
-    return _png(fig)
+    return fig
 
 
 def scaling_figure(report: StudyReport) -> str | None:
     """Throughput per GPU against batch size, one panel per GPU model and workload, a line per power
     limit (and configuration); dashed lines and "(simulated)" where simulated."""
+    fig = scaling_plot(report)
+    return None if fig is None else _png(fig)
+
+
+def scaling_plot(report: StudyReport) -> Any:
+    """The figure of :func:`scaling_figure` (None without scaling curves)."""
     panels = sorted({(c.gpu_model, c.workload) for c in report.scaling})
     if not panels:
         return None
@@ -552,9 +567,9 @@ def scaling_figure(report: StudyReport) -> str | None:
         ax.set_ylabel("samples/s per GPU", fontsize=8)
         ax.set_title(f"{model} / {workload}{_sim(any(c.simulated for c in curves))}", fontsize=9)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6)
+        legend_beside(ax)
     fig.suptitle("batch-size scaling", fontsize=10)
-    return _png(fig)
+    return fig
 
 
 def overhead_figure(report: StudyReport) -> str | None:

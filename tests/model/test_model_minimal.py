@@ -9,6 +9,7 @@ import math
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -249,3 +250,60 @@ def test_the_report_says_simulated_first_and_keys_its_phase_shading(influxdb: In
     empty = plt.figure()
     assert phase_legend(empty, []) == [] and not empty.legends
     plt.close("all")
+
+
+def test_no_legend_of_the_model_report_covers_a_plot(
+    influxdb: InfluxDBDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The legends sat inside the panels (lower right: over the cool-down curve; the power plot's over its
+    lines); they are beside the panels or under the figure now."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from gpuprobe.model import fit
+    from gpuprobe.model import report as rep
+
+    start_ns, end_ns = _write_old_node(influxdb, power_limit_w=300.0)
+    influx = InfluxSettings(url=influxdb.server.url, database=influxdb.name)
+    ds, results = fit(ModelSettings(influx=influx, start_ns=start_ns, end_ns=end_ns, out_dir=tmp_path))
+    figures: list[Any] = []
+    monkeypatch.setattr(rep, "_png", lambda fig: figures.append(fig) or "")
+    rep.thermal_figure(ds, results, "old-node")
+    rep.holdout_figure(ds, results, "old-node")
+    rep.power_figure(ds, results, "old-node")
+    rep.efficiency_figure(results)
+    assert len(figures) == 4
+    for fig in figures:
+        fig.canvas.draw()
+        axes = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+        legends = [*fig.legends, *(ax.get_legend() for ax in axes if ax.get_legend() is not None)]
+        assert legends, fig.get_suptitle()
+        for legend in legends:
+            for ax in axes:
+                assert not legend.get_window_extent().overlaps(ax.get_window_extent()), (fig.get_suptitle(), ax)
+    plt.close("all")
+
+
+def test_a_model_run_with_data_prints_no_library_line(influxdb: InfluxDBDatabase, tmp_path: Path) -> None:
+    """At the default log level a whole run (queries, fits, plots, the `model` points written) puts only
+    gpuprobe's own lines on stderr: no httpx request lines, no library warnings (numpy, scipy, matplotlib)."""
+    import os
+    import subprocess
+    import sys
+
+    start_ns, end_ns = _write_old_node(influxdb, power_limit_w=300.0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "gpuprobe", "model", "--from", format_time_ns(start_ns), "--to",
+            format_time_ns(end_ns), "--influx-url", influxdb.server.url, "--influx-db", influxdb.name,
+            "--out", str(tmp_path),
+        ],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "report: " in done.stdout and "`model` points written: " in done.stdout
+    foreign = [line for line in done.stderr.splitlines() if not line.startswith("gpuprobe model: [")]
+    assert foreign == [], done.stderr

@@ -32,6 +32,7 @@ from study_synthetic import (
 )
 
 from gpuprobe.devservices import InfluxDBDatabase
+from gpuprobe.devservices.browser import widest_table
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.lineprotocol import encode_line
 from gpuprobe.influx.settings import InfluxSettings
@@ -181,6 +182,9 @@ def test_the_command_writes_table_html_json_and_model_points(
     assert f"node-b gpu 1 point 3 (resnet50, batch 128, limit 60%): {L4_REFUSAL}" in text
     assert "+10.0" in out  # the vgpu overhead
     assert f"report: {html}" in out and f"numbers: {numbers}" in out
+    # at 1400 px no table is wider than the page (the groups table was ~1700 px, in a scrolled box)
+    right_px, viewport_px = widest_table(html, 1400)
+    assert 0 < right_px <= viewport_px, (right_px, viewport_px)
     assert "`model` points written (kind=study): 12" in out
 
     page = html.read_text(encoding="utf-8")
@@ -356,3 +360,27 @@ def test_the_terminal_table_says_constant_columns_once_and_leaves_the_least_need
     assert "J/sample" not in narrow and said[-1] == "in the HTML report and the JSON only: J/sample"
     single, _, _, said = terminal_columns(headers, rows[:1], left=2, width=200)
     assert single == headers and said == []  # one row: nothing is "the same in every row"
+
+
+def test_the_plots_legends_cover_no_data(study_report: StudyReport) -> None:
+    """The legends sat inside the panels ("best" place), over points and lines; they are beside or under
+    the panels now: no legend overlaps any axes of its figure."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from gpuprobe.study.report import pareto_plot, scaling_plot
+
+    figures = [pareto_plot(study_report, H100), pareto_plot(study_report, L4), scaling_plot(study_report)]
+    assert all(fig is not None for fig in figures)
+    for fig in figures:
+        fig.canvas.draw()
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        legends = [*fig.legends, *(ax.get_legend() for ax in axes if ax.get_legend() is not None)]
+        assert legends, fig
+        for legend in legends:
+            box = legend.get_window_extent()
+            for ax in axes:
+                assert not box.overlaps(ax.get_window_extent()), (fig.get_suptitle(), ax.get_title())
+    plt.close("all")
