@@ -385,13 +385,16 @@ def summary_table(report: StudyReport) -> str:
 
 # --- HTML ----------------------------------------------------------------------------------------
 
+# Key cells stay on one line (a region or "as is" split reads badly), but the GPU model and the instance
+# type (the first and third columns of the groups table) wrap, so that the table fits a 1400 px page.
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1400px;
 padding:0 24px;color:#202124}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #dadce0}
 table{border-collapse:collapse;margin:6px 0 12px;font-size:11px}
 th,td{border:1px solid #dadce0;padding:2px 4px;text-align:right} th{background:#f1f3f4}
-td.l,th.l{text-align:left} .wide{overflow-x:auto}
+td.l,th.l{text-align:left} td.l{white-space:nowrap} .wide{overflow-x:auto}
+td.l:nth-child(1),td.l:nth-child(3){white-space:normal}
 img{max-width:100%;display:block;margin:8px 0}
 tr.sim td{background:#fff8e1} .sim{color:#9a5b00;font-weight:600}
 .muted{color:#5f6368;font-size:12px} .box{background:#fff8e1;border:1px solid #f0c36d;padding:8px 12px;margin:8px 0}
