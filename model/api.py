@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from gpuprobe import __version__
 from gpuprobe.influx.client import InfluxClient
@@ -25,6 +27,45 @@ class ReportPaths:
     summary: str
     results: Results
     model_points_written: int
+
+
+class QuietProgress:
+    """The stages of a run on ``stream`` (stderr), from ``after_s`` into it: a run that ends sooner prints
+    nothing (quiet by default), a longer one shows the stage it is in when ``after_s`` passes and each
+    later one as it starts, with the seconds so far, so that a minute-long fit is not mistaken for a hang.
+    One line per stage (a node's GPUs and its joint fit: a few lines per node), never a ticker."""
+
+    def __init__(self, prefix: str, after_s: float = 3.0, stream: TextIO | None = None) -> None:
+        self._prefix = prefix
+        self._stream = stream if stream is not None else sys.stderr
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+        self._current: str | None = None
+        self._showing = False
+        self._timer = threading.Timer(after_s, self._wake)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def __call__(self, message: str) -> None:
+        with self._lock:
+            self._current = message
+            if self._showing:
+                self._write(message)
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._showing = True
+            if self._current is not None:
+                self._write(self._current)
+
+    def _write(self, message: str) -> None:
+        elapsed_s = time.monotonic() - self._started
+        print(f"{self._prefix}: [{elapsed_s:.0f} s] {message}", file=self._stream, flush=True)
+
+    def close(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._showing = False
 
 
 def _settings_for_report(s: ModelSettings) -> dict[str, Any]:

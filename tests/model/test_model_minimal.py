@@ -179,7 +179,7 @@ def test_a_run_names_each_stage_of_its_fits_and_the_cli_shows_them_only_after_a_
     stderr once a run has taken longer than a few seconds, one line each."""
     import io
 
-    from gpuprobe.model.cli import QuietProgress
+    from gpuprobe.model.api import QuietProgress
 
     start_ns, end_ns = _write_old_node(influxdb, power_limit_w=300.0)
     influx = InfluxSettings(url=influxdb.server.url, database=influxdb.name)
