@@ -513,6 +513,8 @@ class ProbeRun:
         results = [s.result for s in self.trainers if s.result is not None]
         starts = [r["started_unix_ns"] for r in results if r.get("started_unix_ns")]
         result.started_unix_ns = min(starts) if starts else 0
+        # what computed the throughput: a simulated GPU's figures are its performance model's (marked everywhere)
+        result.device = ",".join(sorted({str(r["device_kind"]) for r in results if r.get("device_kind")}))
         if self.plan.is_study:
             self._study_result(result, readings)
             return result

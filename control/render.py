@@ -203,6 +203,19 @@ def progress_table(probe_id: str, workload: str, rows: list[list[str]]) -> str:
     return head + "\n" + table(["HOST", "PHASE", "STATUS", "STEP", "SAMPLES/S", "PROGRESS"], rows)
 
 
+SIMULATED_NOTE = "SIMULATED throughput: the simulator's performance model, not a measurement"
+
+
+def is_simulated(device: str) -> bool:
+    """Whether a result's ``device`` (``ProbeResult.device``, ``PointResult.device``) names a simulated GPU."""
+    return "sim" in device.split(",")
+
+
+def throughput_source(device: str) -> str:
+    """The THROUGHPUT cell: SIMULATED for a simulated GPU's figures, else what measured them (``-``: unknown)."""
+    return "SIMULATED" if is_simulated(device) else (device or "-")
+
+
 def results_table(results: Sequence[control_pb2.ProbeResult]) -> str:
     rows = []
     for r in results:
@@ -221,6 +234,7 @@ def results_table(results: Sequence[control_pb2.ProbeResult]) -> str:
                 num(t, "peak_temp_c", ".0f"),
                 num(t, "idle_power_w", ".1f"),
                 clock(r.steady_start_unix_ns),
+                throughput_source(r.device),
             ]
         )
     out = table(
@@ -237,10 +251,13 @@ def results_table(results: Sequence[control_pb2.ProbeResult]) -> str:
             "PEAK C",
             "IDLE W",
             "STEADY FROM",
+            "THROUGHPUT",
         ],
         rows,
     )
     notes = [f"{r.host}: {r.message}" for r in results if r.message]
+    if any(is_simulated(r.device) for r in results):
+        notes.insert(0, SIMULATED_NOTE)
     return out + ("\n" + "\n".join(notes) if notes else "")
 
 
@@ -278,6 +295,8 @@ def result_dict(r: control_pb2.ProbeResult) -> dict[str, Any]:
         "steady_end_unix_ns": r.steady_end_unix_ns,
         "total": metrics_dict(r.total),
         "gpus": [metrics_dict(g) for g in r.gpus],
+        "device": r.device,
+        "simulated": is_simulated(r.device),
     }
 
 

@@ -29,6 +29,7 @@ import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,15 @@ def format_duration(seconds: float) -> str:
     if seconds > 0 and abs(milliseconds - round(milliseconds)) < 1e-9:
         return f"{round(milliseconds)}ms"
     return f"{seconds:g}s"
+
+
+def format_time_ns(t_ns: int) -> str:
+    """A timestamp (ns since the Unix epoch) as messages write it: ISO 8601 in UTC, ``2026-12-04T01:02:03Z``
+    (milliseconds only when there are some), a form ``gpuprobe model --from`` reads back; never raw ns."""
+    seconds, rest_ns = divmod(int(t_ns), 10**9)
+    text = datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    milliseconds = rest_ns // 10**6
+    return f"{text}.{milliseconds:03d}Z" if milliseconds else f"{text}Z"
 
 
 def parse_bool(text: str) -> bool:

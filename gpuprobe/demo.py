@@ -140,6 +140,7 @@ def run_demo(values: dict[str, Any]) -> int:
     from gpuprobe.devservices.mosquitto import MosquittoServer
     from gpuprobe.devservices.ports import free_port
     from gpuprobe.model import InfluxSettings, ModelSettings, run
+    from gpuprobe.model.api import QuietProgress
     from gpuprobe.pki import write_private
 
     out_dir: Path = values["out"].resolve()
@@ -247,14 +248,19 @@ def run_demo(values: dict[str, Any]) -> int:
         _say("waiting for the collector to write everything to InfluxDB")
         time.sleep(3.0)
         _say("fitting the thermal, acoustic and efficiency models")
-        paths = run(
-            ModelSettings(
-                influx=InfluxSettings(url=influx.url, database=DB, timeout_s=60.0),
-                probe=probe_id,
-                out_dir=out_dir,
-                price_per_gpu_hour=values["price_per_gpu_hour"],
+        progress = QuietProgress("demo")  # the fits take minutes here: say which stage they are at
+        try:
+            paths = run(
+                ModelSettings(
+                    influx=InfluxSettings(url=influx.url, database=DB, timeout_s=60.0),
+                    probe=probe_id,
+                    out_dir=out_dir,
+                    price_per_gpu_hour=values["price_per_gpu_hour"],
+                ),
+                progress,
             )
-        )
+        finally:
+            progress.close()
         print()
         print(paths.summary)
         print(f"\nreport: {paths.html}\nnumbers: {paths.json}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,8 +30,18 @@ from gpuprobe.model.thermal import (
     ThermalInput,
     detect_steps,
     fit_thermal_node,
+    headroom_c,
     slowdown_for,
     throttled_seconds,
+)
+
+#: what hears a run's stages as they start (the CLI prints them, see gpuprobe.model.cli)
+Progress = Callable[[str], None]
+
+#: the note of a window whose throughput is simulated (the report shows it first, above every figure)
+SIMULATED_NOTE = (
+    "SIMULATED throughput: samples/s (and so J/sample and samples/J) come from simulated GPUs, the "
+    "simulator's performance model (trainer device=sim), not a measurement"
 )
 
 MIN_FLEET = 3  # GPUs of one model needed before one of them can stand out
@@ -230,12 +240,24 @@ def _thermal_input(ds: Dataset, wide: GpuSeries, s: ModelSettings) -> ThermalInp
     )
 
 
-def _thermal_fits(ds: Dataset, s: ModelSettings) -> list[ThermalFit]:
-    """Every GPU's thermal fits, node by node (in the order of ``ds.gpus``)."""
+def _thermal_fits(ds: Dataset, s: ModelSettings, progress: Progress | None = None) -> list[ThermalFit]:
+    """Every GPU's thermal fits, node by node (in the order of ``ds.gpus``); ``progress`` hears each
+    node's stages (the fits are what takes long: seconds to minutes per node)."""
     fits: list[ThermalFit | None] = [None] * len(ds.gpus)
-    for host in sorted({g.host for g in ds.gpus}):
+    hosts = sorted({g.host for g in ds.gpus})
+    for number, host in enumerate(hosts, 1):
         index = [i for i, g in enumerate(ds.gpus) if g.host == host]
-        node = fit_thermal_node([_thermal_input(ds, ds.gpus[i], s) for i in index], holdout=s.holdout)
+
+        def say(message: str, host: str = host, number: int = number) -> None:
+            if progress is not None:
+                progress(f"fitting node {number} of {len(hosts)}, {host}: {message}")
+
+        node = fit_thermal_node(
+            [_thermal_input(ds, ds.gpus[i], s) for i in index],
+            holdout=s.holdout,
+            progress=say,
+            names=[ds.gpus[i].gpu for i in index],
+        )
         for i, fit in zip(index, node, strict=True):
             fits[i] = fit
     return [f if f is not None else ThermalFit() for f in fits]
@@ -292,7 +314,7 @@ def _analyze_gpu(ds: Dataset, wide: GpuSeries, s: ModelSettings, fit: ThermalFit
         slowdown_c=slowdown,
         slowdown_source=source,
         t_pred_at_limit_c=predicted,
-        headroom_c=slowdown - predicted if predicted is not None else None,
+        headroom_c=headroom_c(slowdown, predicted),
         temp_max_c=float(np.nanmax(temps)) if np.any(np.isfinite(temps)) else None,
         thermal_throttled_s=throttled_seconds(g.t_ns, reasons, THERMAL_REASONS),
         power_capped_s=throttled_seconds(g.t_ns, reasons, POWER_REASONS),
@@ -433,9 +455,10 @@ def find_outliers(gpus: Sequence[GpuResult], s: ModelSettings) -> list[Outlier]:
     return out
 
 
-def analyze(ds: Dataset, s: ModelSettings) -> Results:
+def analyze(ds: Dataset, s: ModelSettings, progress: Progress | None = None) -> Results:
+    """Every figure of the window; ``progress`` hears each stage of the thermal fits as it starts."""
     w = ds.window
-    fits = _thermal_fits(ds, s)
+    fits = _thermal_fits(ds, s, progress)
     gpus = [_analyze_gpu(ds, g, s, fit) for g, fit in zip(ds.gpus, fits, strict=True)]
     hosts = sorted({g.host for g in gpus})
     nodes = [_analyze_node(ds, h, [g for g in gpus if g.host == h], s) for h in hosts]
@@ -478,10 +501,7 @@ def analyze(ds: Dataset, s: ModelSettings) -> Results:
             " (--slowdown-c sets one)"
         )
     if any(t.device == "sim" for t in ds.trainer):
-        notes.append(
-            "SIMULATED throughput: samples/s (and so J/sample and samples/J) come from simulated GPUs, the "
-            "simulator's performance model (trainer device=sim), not a measurement"
-        )
+        notes.append(SIMULATED_NOTE)
     return Results(
         label=w.label,
         probe=w.probe,

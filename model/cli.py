@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,8 @@ def parse_time(text: str) -> int:
         raise ValueError(f"not a time: {text!r} (use ISO 8601, unix seconds, now or now-30m)") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
-    return int(parsed.timestamp() * 1e9)
+    # whole microseconds, not timestamp() * 1e9: a float's 53 bits lose the last ns digits (…045000192)
+    return (parsed - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
 
 
 def _positive(text: str) -> float:
@@ -294,11 +295,16 @@ def _run(values: dict[str, Any], args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"gpuprobe model: {e}", file=sys.stderr)
         return 2
+    from gpuprobe.model.api import QuietProgress
+
+    progress = QuietProgress("gpuprobe model")
     try:
-        paths = run(settings)
+        paths = run(settings, progress)
     except (NoDataError, InfluxError) as e:
         print(f"gpuprobe model: {e}", file=sys.stderr)
         return 1
+    finally:
+        progress.close()
     print(paths.summary)
     print()
     print(f"report: {paths.html}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpuprobe.config import format_time_ns
 from gpuprobe.errors import DataError
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.eventreads import EventSources, event_sources, query_events
@@ -70,6 +71,12 @@ class Window:
     @property
     def duration_s(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
+
+    def describe(self) -> str:
+        """The window as a message names it: the probe, or the range in ISO times (never the label's raw seconds)."""
+        if self.probe is not None:
+            return f"probe {self.probe!r}"
+        return f"{format_time_ns(self.start_ns)} to {format_time_ns(self.end_ns)}"
 
 
 @dataclass
@@ -178,6 +185,11 @@ class Dataset:
         return (total if count else None), count
 
 
+def hosts_note(hosts: Sequence[str], source: str = "--hosts") -> str:
+    """What a no-data message adds when the search was limited to some hosts: which, and by what."""
+    return f" on hosts {', '.join(hosts)} ({source})" if hosts else ""
+
+
 def _host_filter(hosts: Sequence[str]) -> str:
     if not hosts:
         return ""
@@ -245,7 +257,8 @@ def find_probe(
     if not per_host:
         database = client.settings.database
         raise NoDataError(
-            f"no probe {probe!r} in database {database!r} (no `probe` or `trainer` points in {sources.describe()})"
+            f"no probe {probe!r}{hosts_note(hosts)} in database {database!r} (no `probe` or `trainer` points "
+            f"in {sources.describe()})"
         )
     start, end = min(times), max(times)
     trainer_end = query_events(client, 'last("step")', "trainer", f"WHERE {where}", sources)
@@ -269,17 +282,23 @@ def find_probe(
     )
 
 
-def range_window(client: InfluxClient, start_ns: int, end_ns: int, hosts: Sequence[str] = ()) -> Window:
-    """A plain time range: hosts are those with ``gpu`` points in it (or ``hosts``)."""
+def range_window(
+    client: InfluxClient, start_ns: int, end_ns: int, hosts: Sequence[str] = (), hosts_source: str = "--hosts"
+) -> Window:
+    """A plain time range: hosts are those with ``gpu`` points in it (or ``hosts``, which a no-data
+    message attributes to ``hosts_source``)."""
     if end_ns <= start_ns:
-        raise NoDataError("--to must be after --from")
+        raise NoDataError(f"--to ({format_time_ns(end_ns)}) must be after --from ({format_time_ns(start_ns)})")
     answer = client.query(
         f'SELECT count("temp_c") FROM "gpu" WHERE {_time_filter(start_ns, end_ns)}{_host_filter(hosts)} GROUP BY "host"'
     )
     found = sorted({s.tags.get("host", "") for s in answer if s.values})
     if not found:
         database = client.settings.database
-        raise NoDataError(f"no `gpu` points between {start_ns} and {end_ns} ns in database {database!r}")
+        raise NoDataError(
+            f"no `gpu` points between {format_time_ns(start_ns)} and {format_time_ns(end_ns)}"
+            f"{hosts_note(hosts, hosts_source)} in database {database!r}"
+        )
     label = f"range-{start_ns // 10**9}-{end_ns // 10**9}"
     return Window(label=label, probe=None, start_ns=start_ns, end_ns=end_ns, hosts=found)
 
@@ -314,7 +333,10 @@ def load(client: InfluxClient, window: Window, sources: EventSources | None = No
             )
         )
     if not gpus:
-        raise NoDataError(f"no `gpu` points for {window.label} (hosts {', '.join(window.hosts) or 'any'})")
+        raise NoDataError(
+            f"no `gpu` points for {window.describe()} on hosts {', '.join(window.hosts) or 'any'} in database "
+            f"{client.settings.database!r}"
+        )
     gpus.sort(key=lambda g: (g.host, _index_key(g.gpu)))
     acoustic = []
     for s in client.query(

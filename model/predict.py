@@ -33,7 +33,7 @@ import numpy as np
 
 from gpuprobe.errors import DataError
 from gpuprobe.influx.settings import InfluxSettings
-from gpuprobe.model.thermal import AVERAGE_DELAY_S, ThermalFit, predicted_temperature
+from gpuprobe.model.thermal import AVERAGE_DELAY_S, ThermalFit, headroom_c, predicted_temperature
 from gpuprobe.model.thermal_stages import MAX_GRID, FanLaw, Inlet, Stage, StageModel
 
 #: a window whose temperature holds within STEADY_START_SPAN_C (one whole-degree step: the readings'
@@ -248,7 +248,7 @@ def steady_answer(
         reach,
         within_c,
         slowdown,
-        slowdown - steady if slowdown is not None else None,
+        headroom_c(slowdown, steady),
     )
 
 
@@ -355,7 +355,8 @@ def predict_range(
 
     wanted = tuple(hosts) or tuple(sorted({g.host for g in fitted}))
     with InfluxClient(influx, user_agent="gpuprobe-model") as client:
-        dataset = load(client, range_window(client, start_ns, end_ns, wanted))
+        window = range_window(client, start_ns, end_ns, wanted, "--hosts" if hosts else "the fitted file's hosts")
+        dataset = load(client, window)
     errors, skipped = [], []
     for f in fitted:
         series = next((g for g in dataset.gpus if (g.host, g.gpu) == (f.host, f.gpu)), None)

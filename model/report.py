@@ -14,14 +14,14 @@ import base64
 import html
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 
 from gpuprobe.energy import cumulative_energy
-from gpuprobe.model.analysis import GpuResult, Results
+from gpuprobe.model.analysis import SIMULATED_NOTE, GpuResult, Results
 from gpuprobe.model.data import Dataset, GpuSeries
 from gpuprobe.model.thermal import AVERAGE_DELAY_S, predicted_temperature, simulate
 from gpuprobe.model.thermal_stages import Interval
@@ -57,6 +57,34 @@ def _shade_phases(ax: Any, results: Results, host: str) -> None:
             start = (int(str(p["start_ns"])) - results.start_ns) / 1e9
             end = (int(str(p["end_ns"])) - results.start_ns) / 1e9
             ax.axvspan(start, end, color=colour, zorder=0, lw=0)
+
+
+def legend_beside(ax: Any) -> None:
+    """The panel's legend to its right, outside the axes, so that it covers no point or line (the
+    constrained layout makes room for it); the study report's plots use it too."""
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
+def phase_legend(fig: Any, phases: Iterable[Mapping[str, Any]], axes: Iterable[Any] = ()) -> list[str]:
+    """One key under the figure's plots (outside them, so it covers no data): the lines of ``axes`` (each
+    label once: panels that draw the same things share it), then a swatch per shaded phase that
+    ``phases`` has, in the order the phases run; returns the labels."""
+    from matplotlib.patches import Patch
+
+    handles, labels = [], []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    present = {str(p["phase"]) for p in phases}
+    for name in PHASE_COLOURS:
+        if name in present:
+            handles.append(Patch(facecolor=PHASE_COLOURS[name], edgecolor="#9aa0a6"))
+            labels.append(f"{name} phase")
+    if labels:
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=7, frameon=False)
+    return labels
 
 
 def _series(ds: Dataset, g: GpuResult) -> GpuSeries:
@@ -112,7 +140,7 @@ def thermal_figure(ds: Dataset, results: Results, host: str) -> str:
         ax.set_xlabel("s since start", fontsize=8)
         ax.set_ylabel("°C", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6, loc="lower right")
+    phase_legend(fig, results.phases.get(host, []), axes.flat[: len(gpus)])
     fig.suptitle(f"{host}: GPU temperature and the fitted thermal model", fontsize=10)
     return _png(fig)
 
@@ -166,7 +194,7 @@ def holdout_figure(ds: Dataset, results: Results, host: str) -> str | None:
         ax.set_xlabel("s since start", fontsize=8)
         ax.set_ylabel("°C", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6, loc="best")
+    phase_legend(fig, [], axes.flat[: len(gpus)])
     fig.suptitle(f"{host}: held-out temperature, measured and predicted from the measured power", fontsize=10)
     return _png(fig)
 
@@ -190,7 +218,8 @@ def power_figure(ds: Dataset, results: Results, host: str) -> str:
     ax_e.set_xlabel("s since start", fontsize=8)
     for ax in (ax_p, ax_e):
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6, ncol=4)
+        legend_beside(ax)
+    phase_legend(fig, results.phases.get(host, []))
     fig.suptitle(f"{host}: power and cumulative energy (NVML counter)", fontsize=10)
     return _png(fig)
 
@@ -221,7 +250,7 @@ def acoustic_figure(ds: Dataset, results: Results) -> str | None:
         ax.set_ylabel("dBA", fontsize=8)
         ax.set_xlabel("s since start", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6, ncol=3)
+        legend_beside(ax)
         if cols == 2:
             node = next(n for n in results.nodes if n.host == host)
             ax2 = axes[row][1]
@@ -244,7 +273,8 @@ def acoustic_figure(ds: Dataset, results: Results) -> str | None:
             ax2.set_ylabel("microphone dBA", fontsize=8)
             ax2.set_title(f"{host}: calibration against the microphone", fontsize=8)
             ax2.tick_params(labelsize=7)
-            ax2.legend(fontsize=6)
+            legend_beside(ax2)
+    phase_legend(fig, [p for host in hosts for p in results.phases.get(host, [])])
     return _png(fig)
 
 
@@ -267,19 +297,21 @@ def efficiency_figure(results: Results) -> str:
     ax2.set_xticks(x, [n.host for n in nodes], fontsize=7)
     ax2.set_title("energy per node", fontsize=9)
     ax2.tick_params(labelsize=7)
-    ax2.legend(fontsize=7)
+    legend_beside(ax2)
     return _png(fig)
 
 
 # --- HTML ----------------------------------------------------------------------------------------
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1240px;color:#202124}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1400px;
+padding:0 24px;color:#202124}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #dadce0}
 h3{font-size:15px;margin:18px 0 6px} table{border-collapse:collapse;margin:6px 0 12px;font-size:12px}
-th,td{border:1px solid #dadce0;padding:3px 7px;text-align:right} th{background:#f1f3f4}
+th,td{border:1px solid #dadce0;padding:3px 5px;text-align:right} th{background:#f1f3f4}
 td.l,th.l{text-align:left} .flag{color:#b3261e;font-weight:600} img{max-width:100%;display:block;margin:8px 0}
 .muted{color:#5f6368;font-size:12px} .box{background:#f8f9fa;border:1px solid #dadce0;padding:8px 12px;margin:8px 0}
+.box.sim{background:#fff8e1;border-color:#f0c36d;color:#9a5b00}
 """
 
 
@@ -350,6 +382,11 @@ def _header(r: Results) -> Section:
         f'<p class="muted">{_time(r.start_ns)} → {_time(r.end_ns)} ({f.duration_s:.1f} s); workload '
         f"{_fmt(r.workload)}; status {_fmt(r.status)}; {f.gpus} GPUs on {f.nodes} nodes. "
         "Acoustic proxy levels are <b>estimates</b>, not measurements. Methods: docs/models.md.</p>",
+        *(
+            [f'<p class="box sim" id="simulated"><b>{html.escape(SIMULATED_NOTE)}</b>.</p>']
+            if SIMULATED_NOTE in r.notes
+            else []
+        ),
     ]
 
 
@@ -824,9 +861,10 @@ def _phases(r: Results) -> Section:
 
 
 def _notes(r: Results) -> Section:
-    if not r.notes:
+    notes = [n for n in r.notes if n != SIMULATED_NOTE]  # that one opens the report (_header)
+    if not notes:
         return []
-    return ["<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in r.notes) + "</ul>"]
+    return ["<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"]
 
 
 def _settings(settings: dict[str, Any]) -> Section:

@@ -44,6 +44,7 @@ of an output-error simulation over the whole window) is the fallback when the ou
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,52 @@ def slowdown_for(override_c: float | None, reported_c: float | None) -> tuple[fl
     if reported_c is not None:
         return reported_c, "gpu"
     return DEFAULT_SLOWDOWN_C, "default"
+
+
+def headroom_c(slowdown_c: float | None, steady_c: float | None) -> float | None:
+    """gpuprobe's one *headroom* (model report, ``model predict``, study report; docs/models.md, "Derived"):
+    the GPU's slowdown threshold minus the temperature it settles at under a sustained load, the °C
+    that load keeps from throttling; negative: it would throttle. Not the peak of a window, which a window
+    shorter than a few time constants ends well below the steady temperature (an A100 studied in 20 s
+    windows showed 35 °C where its steady temperature left 14.6 °C). ``gpuprobe model`` takes the fit's
+    steady temperature at the power limit, a study point the one its window was heading to
+    (:func:`window_steady_c`)."""
+    if slowdown_c is None or steady_c is None:
+        return None
+    return slowdown_c - steady_c
+
+
+# a window's step fit is believed only while its τ is within this many window lengths (beyond, the
+# curve is nearly a straight line and its asymptote could be anywhere) and its asymptote's standard
+# error under STEADY_STDERR_C
+STEADY_TAU_WINDOWS = 2.0
+STEADY_STDERR_C = 2.0
+
+
+def window_steady_c(t_ns: np.ndarray, temp_c: np.ndarray, power_w: np.ndarray) -> tuple[float | None, bool]:
+    """The steady temperature a window of nearly constant power was heading to, and whether it is the step
+    response's fitted asymptote (:func:`fit_step`, True) or only the median of the window's last quarter
+    (False: the fit failed or is not to be believed, see ``STEADY_TAU_WINDOWS``; a lower bound while the
+    GPU still warmed up). None without temperature readings."""
+    keep = np.isfinite(temp_c)
+    t, temp = t_ns[keep], temp_c[keep]
+    if len(temp) == 0:
+        return None, False
+    power = np.where(np.isfinite(power_w[keep]), power_w[keep], 0.0)
+    quarter = max(1, len(temp) // 4)
+    last = float(np.median(temp[-quarter:]))
+    if abs(last - float(np.median(temp[:quarter]))) <= 1.0:  # within the readings' 1 °C steps: settled
+        return last, True
+    step = fit_step("heating", t, temp, power, int(t[0]), 0.0)
+    duration_s = (int(t[-1]) - int(t[0])) / 1e9
+    if (
+        step is not None
+        and step.tau_s <= STEADY_TAU_WINDOWS * duration_s
+        and math.isfinite(step.t_inf_stderr_c)
+        and step.t_inf_stderr_c < STEADY_STDERR_C
+    ):
+        return step.t_inf_c, True
+    return last, False
 
 
 @dataclass(frozen=True)
@@ -382,16 +429,27 @@ class ThermalInput:
     mem_temp_c: np.ndarray | None = None  # the memory's temperature (NVML field 82), for the node's inlet
 
 
-def fit_thermal_node(inputs: list[ThermalInput], *, holdout: float = 0.3) -> list[ThermalFit]:
+def fit_thermal_node(
+    inputs: list[ThermalInput],
+    *,
+    holdout: float = 0.3,
+    progress: Callable[[str], None] | None = None,
+    names: Sequence[str] = (),
+) -> list[ThermalFit]:
     """Every fit of every GPU of one node: the step and ARX fits per GPU, the output-error stage models
     of the node together (:func:`~gpuprobe.model.thermal_stages.fit_staged_node`: with two GPUs or more
-    with the node's power, the inlet candidate is fitted jointly, its stage shared by all of them)."""
+    with the node's power, the inlet candidate is fitted jointly, its stage shared by all of them).
+    ``progress`` hears each stage as it starts (``names``: the GPUs as messages call them)."""
+    say = progress or (lambda _message: None)
     results, members = [], []
-    for x in inputs:
+    for i, x in enumerate(inputs):
+        say(f"GPU {names[i] if i < len(names) else i}: step and ARX fits")
         result, member = _second_opinions(x)
         results.append(result)
         members.append(member)
     ready = [i for i, m in enumerate(members) if m is not None]
+    if ready:
+        say(f"output-error models of {'the GPU' if len(ready) == 1 else f'its {len(ready)} GPUs together'}")
     staged = fit_staged_node([m for m in members if m is not None], holdout=holdout) if ready else []
     fits: list[StagedFit | None] = [None] * len(inputs)
     for i, st in zip(ready, staged, strict=True):

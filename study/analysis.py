@@ -11,7 +11,8 @@ rankings by samples per joule::
 
     samples/J        = samples/s ÷ mean W            J/sample = 1 ÷ samples/J
     mean W           = (E(end) - E(start)) ÷ window  (NVML energy counter, interpolated at both ends)
-    headroom °C      = slowdown threshold - peak temperature
+    headroom °C      = slowdown threshold - steady temperature (gpuprobe.model.thermal.headroom_c)
+    steady °C        = where the window's temperature was heading (window_steady_c: its step fit)
     cost per 1e6     = price per hour ÷ 3600 ÷ (samples/s per GPU x GPUs of the node in the study) x 1e6
     virt overhead %  = (1 - samples/s per GPU ÷ bare-metal samples/s per GPU) x 100
 
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gpuprobe.energy import window_energy
+from gpuprobe.model.thermal import headroom_c, window_steady_c
 
 BARE_METAL = "bare_metal"
 REFUSED = "point_refused"
@@ -125,6 +127,8 @@ class WindowStats:
     enforced_limit_w: float | None
     peak_temp_c: float | None
     sm_clock_mhz: float | None
+    steady_temp_c: float | None = None  # where the temperature was heading (window_steady_c)
+    steady_fitted: bool = False  # False: the last quarter's median, a lower bound while it still warmed up
 
 
 def _mean(values: np.ndarray) -> float | None:
@@ -158,6 +162,7 @@ def window_stats(
     """
     inside = (t_ns >= start_ns) & (t_ns < end_ns)  # the sample at the end belongs to the next phase
     energy = window_energy(t_ns, energy_j, power_w, start_ns, end_ns)
+    steady_c, fitted = window_steady_c(t_ns[inside], temp_c[inside], power_w[inside])
     return WindowStats(
         duration_s=(end_ns - start_ns) / 1e9,
         gpu_samples=int(np.sum(inside)),
@@ -169,6 +174,8 @@ def window_stats(
         enforced_limit_w=_mean(power_limit_w[inside]),
         peak_temp_c=_max(temp_c[inside]),
         sm_clock_mhz=_mean(sm_clock_mhz[inside]),
+        steady_temp_c=steady_c,
+        steady_fitted=fitted,
     )
 
 
@@ -243,8 +250,7 @@ class Measurement:
         if self.samples_per_s and power and power > 0:
             self.samples_per_j = self.samples_per_s / power
             self.j_per_sample = power / self.samples_per_s
-        peak = self.stats.peak_temp_c
-        self.headroom_c = self.slowdown_c - peak if self.slowdown_c is not None and peak is not None else None
+        self.headroom_c = headroom_c(self.slowdown_c, self.stats.steady_temp_c)
         self.problems = []
         if self.samples_per_s is None:
             self.problems.append("no steady trainer reports of this point")

@@ -208,7 +208,7 @@ def _points_table(rows: list[dict[str, Any]]) -> str:
         [
             r["host"], str(r["point"]), r["workload"], str(r["batch_size"]), r["power_limit"],
             fmt(r["samples_per_s"], ".1f"), fmt(r["j_per_sample"], ".4f"), fmt(r["mean_power_w"], ".0f"),
-            "SIMULATED" if r["simulated"] else (r["device"] or "-"), r["refused"] or "",
+            render.throughput_source(r["device"]), r["refused"] or "",
         ]
         for r in rows
     ]  # fmt: skip
@@ -221,7 +221,7 @@ def _status(values: dict[str, Any], args: argparse.Namespace) -> int:
     import json
 
     from gpuprobe.control import cli as control_cli
-    from gpuprobe.control import operator_side
+    from gpuprobe.control import operator_side, render
     from gpuprobe.study.start import point_rows
 
     study_id: str = args.study_id
@@ -240,7 +240,7 @@ def _status(values: dict[str, Any], args: argparse.Namespace) -> int:
             print(json.dumps({"study": study_id, "points": rows}, indent=2))
         elif rows:
             simulated = any(r["simulated"] for r in rows)
-            note = "; SIMULATED throughput: the simulator's performance model, not a measurement" if simulated else ""
+            note = f"; {render.SIMULATED_NOTE}" if simulated else ""
             print(f"\nstudy {study_id}: every point on every node (node totals over each steady phase{note})")
             print(_points_table(rows))
             print(f"\nthe full comparison: gpuprobe study report {study_id}")

@@ -33,7 +33,7 @@ from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.eventreads import EventSources, event_sources, query_events
 from gpuprobe.influx.influxql import Series, quote_identifier, quote_string
 from gpuprobe.influx.retention import RAW_ONLY
-from gpuprobe.model.data import NoDataError
+from gpuprobe.model.data import NoDataError, hosts_note
 from gpuprobe.study.analysis import (
     EMPTY_STATS,
     REFUSED,
@@ -163,10 +163,9 @@ def read_events(
                 )
             )
     if not events:
-        where = f" on hosts {', '.join(hosts)}" if hosts else ""
         raise NoDataError(
             f"no study {study!r} in database {client.settings.database!r}: no `probe` events with "
-            f"probe = {study!r}{where} in {sources.describe()}"
+            f"probe = {study!r}{hosts_note(hosts)} in {sources.describe()}"
         )
     events.sort(key=lambda e: (e.t_ns, e.host, gpu_order(e.gpu)))
     nodes = {}

@@ -20,11 +20,13 @@ import dataclasses
 import html
 import io
 import math
+import textwrap
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuprobe.influx.lineprotocol import encode_line
+from gpuprobe.model.report import legend_beside
 from gpuprobe.study.analysis import (
     Group,
     GroupKey,
@@ -220,13 +222,17 @@ GROUP_HEADERS = [
     "mean W",
     "enforced W",
     "peak °C",
+    # from here on the terminal's names only (GROUP_HTML_HEADERS has its own): short, for 120 columns
     "headroom °C",
     "proxy dBA",
-    "USD/1M samples",
-    "virt overhead %",
+    "USD/1M",
+    "overhead %",
     "refused",
     "data",
 ]
+
+
+KEY_COLUMNS = 5  # GPU model, workload, instance type, virt, region: what a configuration is
 
 
 def _group_row(g: Group) -> list[str]:
@@ -275,15 +281,80 @@ def _optimal_lines(report: StudyReport) -> list[str]:
     return lines
 
 
+#: the width the terminal summary keeps within (a table row, and the text lines, which wrap)
+TERMINAL_COLUMNS = 120
+#: the group columns the terminal leaves to the HTML and JSON first, while its table is wider than
+#: TERMINAL_COLUMNS (after the columns with one value in every row, which it says once above the table)
+TERMINAL_DROP_ORDER = ("J/sample", "proxy dBA", "enforced W", "nodes", "peak °C", "refused")
+
+
+def terminal_columns(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], left: int, width: int = TERMINAL_COLUMNS
+) -> tuple[list[str], list[list[str]], int, list[str]]:
+    """The table the terminal shows: (headers, rows, left-aligned columns, the lines said above it). A
+    column with one value in every row becomes a line ``header: value`` above it; then the columns of
+    ``TERMINAL_DROP_ORDER`` go, one by one, while the table is wider than ``width`` (a last line names
+    them: they stay in the HTML report and the JSON)."""
+    keep = list(range(len(headers)))
+    above = []
+    if len(rows) > 1:
+        for i in list(keep):
+            values = {r[i] for r in rows}
+            if len(values) == 1 and headers[i] != "data":
+                above.append(f"{headers[i]}: {values.pop()}")
+                keep.remove(i)
+
+    def table_width(columns: list[int]) -> int:
+        return sum(max([len(headers[i]), *(len(r[i]) for r in rows)]) for i in columns) + 2 * (len(columns) - 1)
+
+    dropped = []
+    for name in TERMINAL_DROP_ORDER:
+        if table_width(keep) <= width:
+            break
+        if name in headers and headers.index(name) in keep:
+            keep.remove(headers.index(name))
+            dropped.append(name)
+    lines = ["every row: " + "; ".join(above)] if above else []
+    if dropped:
+        lines.append(f"in the HTML report and the JSON only: {', '.join(dropped)}")
+    shown_left = sum(1 for i in keep if i < left)
+    return [headers[i] for i in keep], [[r[i] for i in keep] for r in rows], shown_left, lines
+
+
+def _wrapped(lines: Sequence[str], width: int = TERMINAL_COLUMNS) -> list[str]:
+    """Text lines wrapped to ``width``, each continuation 4 spaces deeper than its line (a list item of the
+    summary is 2 deep: its continuations never read as the next item)."""
+    out: list[str] = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out.extend(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""])
+    return out
+
+
 def summary_table(report: StudyReport) -> str:
-    """What the terminal shows: the groups, the optimal points, rankings, refusals, gaps and notes."""
+    """What the terminal shows: the groups (each configuration a heading over its rows), the optimal points,
+    rankings, refusals, gaps and notes, within ``TERMINAL_COLUMNS`` (:func:`terminal_columns`; text wraps)."""
     out = [
         f"study {report.study} (database {report.database}): {len(report.nodes)} nodes, "
-        f"{len(report.points)} points, {len(report.measurements)} GPU x point windows"
-        + ("; SOME FIGURES ARE SIMULATED (data column)" if report.simulated else ""),
+        f"{len(report.points)} points, {len(report.measurements)} GPU x point windows",
+        *(["SOME FIGURES ARE SIMULATED (data column)"] if report.simulated else []),
         "",
     ]
-    out += text_table(GROUP_HEADERS, [_group_row(g) for g in report.groups], left=7)
+    # the configuration (GPU model, workload, instance type, virt, region) heads each run of its rows
+    # instead of taking 60 columns of every row; the figures' columns line up across the runs
+    full = [_group_row(g) for g in report.groups]
+    headers, rows, left, said = terminal_columns(
+        GROUP_HEADERS[KEY_COLUMNS:], [r[KEY_COLUMNS:] for r in full], left=2, width=TERMINAL_COLUMNS - 2
+    )
+    lines = text_table(headers, rows, left=left)
+    table = lines[:2]  # never wrapped: a wrapped row is no row
+    for i, (row, line) in enumerate(zip(full, lines[2:], strict=True)):
+        if i == 0 or row[:KEY_COLUMNS] != full[i - 1][:KEY_COLUMNS]:
+            table.append(" · ".join(cell for cell in row[:KEY_COLUMNS] if cell != "—"))
+        table.append(f"  {line}")
+    table[:2] = [f"  {table[0]}", f"  {table[1]}"]
+    out += said
+    before = len(out)  # the title, a blank line and the lines about the table come before it
     if report.pareto:
         out += ["", "optimal points per GPU model and workload (time-energy Pareto frontier):"]
         out += [f"  {line}" for line in _optimal_lines(report)]
@@ -309,17 +380,21 @@ def summary_table(report: StudyReport) -> str:
             out.append(f"  {m.host} gpu {m.gpu or '—'} point {'?' if m.point is None else m.point}: {m.reason}")
     if report.notes:
         out += ["", *(f"note: {n}" for n in report.notes)]
-    return "\n".join(out)
+    return "\n".join(_wrapped(out[:before]) + table + _wrapped(out[before:]))
 
 
 # --- HTML ----------------------------------------------------------------------------------------
 
+# Key cells stay on one line (a region or "as is" split reads badly), but the GPU model and the instance
+# type (the first and third columns of the groups table) wrap, so that the table fits a 1400 px page.
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1400px;color:#202124}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1400px;
+padding:0 24px;color:#202124}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #dadce0}
-table{border-collapse:collapse;margin:6px 0 12px;font-size:12px}
-th,td{border:1px solid #dadce0;padding:3px 7px;text-align:right} th{background:#f1f3f4}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:11px}
+th,td{border:1px solid #dadce0;padding:2px 4px;text-align:right} th{background:#f1f3f4}
 td.l,th.l{text-align:left} td.l{white-space:nowrap} .wide{overflow-x:auto}
+td.l:nth-child(1),td.l:nth-child(3){white-space:normal}
 img{max-width:100%;display:block;margin:8px 0}
 tr.sim td{background:#fff8e1} .sim{color:#9a5b00;font-weight:600}
 .muted{color:#5f6368;font-size:12px} .box{background:#fff8e1;border:1px solid #f0c36d;padding:8px 12px;margin:8px 0}
@@ -394,6 +469,12 @@ def pareto_figure(report: StudyReport, gpu_model: str) -> str | None:
     """Time per sample against energy per sample of every group of one GPU model (one panel per
     workload), the frontier as a line, the energy- and time-optimal points marked; hollow markers and
     "(simulated)" where the throughput is the simulator's."""
+    fig = pareto_plot(report, gpu_model)
+    return None if fig is None else _png(fig)
+
+
+def pareto_plot(report: StudyReport, gpu_model: str) -> Any:
+    """The figure of :func:`pareto_figure` (None without a frontier of that GPU model)."""
     fronts = [f for f in report.pareto if f.gpu_model == gpu_model]
     if not fronts:
         return None
@@ -446,14 +527,21 @@ def pareto_figure(report: StudyReport, gpu_model: str) -> str | None:
         ax.set_ylabel("energy per sample, J", fontsize=8)
         ax.set_title(f"{f.workload}{_sim(f.simulated)}", fontsize=9)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6)
+    # the same key for every panel: once, under them (outside every axes)
+    fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=7)
     fig.suptitle(f"{gpu_model}: time-energy Pareto frontier{_sim(any(f.simulated for f in fronts))}", fontsize=10)
-    return _png(fig)
+    return fig
 
 
 def scaling_figure(report: StudyReport) -> str | None:
     """Throughput per GPU against batch size, one panel per GPU model and workload, a line per power
     limit (and configuration); dashed lines and "(simulated)" where simulated."""
+    fig = scaling_plot(report)
+    return None if fig is None else _png(fig)
+
+
+def scaling_plot(report: StudyReport) -> Any:
+    """The figure of :func:`scaling_figure` (None without scaling curves)."""
     panels = sorted({(c.gpu_model, c.workload) for c in report.scaling})
     if not panels:
         return None
@@ -482,9 +570,9 @@ def scaling_figure(report: StudyReport) -> str | None:
         ax.set_ylabel("samples/s per GPU", fontsize=8)
         ax.set_title(f"{model} / {workload}{_sim(any(c.simulated for c in curves))}", fontsize=9)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6)
+        legend_beside(ax)
     fig.suptitle("batch-size scaling", fontsize=10)
-    return _png(fig)
+    return fig
 
 
 def overhead_figure(report: StudyReport) -> str | None:
@@ -605,7 +693,8 @@ def _groups(r: StudyReport) -> Section:
         "<h2>Groups</h2>",
         '<p class="muted">One row per instance type x GPU model x virt x region x workload x batch size x power '
         "limit. samples/s per GPU: mean over its GPUs; samples/J: Σ samples/s ÷ Σ mean W; enforced W: the limit the "
-        "GPUs reported (what really ran); headroom: the slowdown threshold minus the hottest GPU's peak; cost: price "
+        "GPUs reported (what really ran); headroom: the slowdown threshold minus the steady temperature (where "
+        "the window's temperature was heading, as gpuprobe model counts it), the smallest of the GPUs'; cost: price "
         "per hour ÷ 3600 ÷ (samples/s per GPU x GPUs of the node in the study) x 1e6.</p>",
         _table(GROUP_HTML_HEADERS, rows, left=7, sim=[g.simulated for g in r.groups]),
     ]

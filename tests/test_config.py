@@ -21,6 +21,7 @@ from gpuprobe.config import (
     add_options,
     check_keys,
     format_duration,
+    format_time_ns,
     load_file,
     parse_duration,
     parse_duration_or_none,
@@ -428,3 +429,12 @@ def test_the_agent_docs_show_each_duration_default_as_help_does() -> None:
     for opt in (o for o in AGENT_OPTIONS if o.is_duration and o.default is not None):
         row = re.search(rf"^\| `{re.escape(opt.flag)}` \| `{opt.env_var}` \| ([^|]*) \|", text, re.MULTILINE)
         assert row is not None and row[1].strip() == format_duration(opt.default), (opt.flag, row and row[1])
+
+
+def test_message_times_are_iso_utc_and_read_back_by_model_from() -> None:
+    from gpuprobe.model.cli import parse_time
+
+    assert format_time_ns(1_796_346_123 * 10**9) == "2026-12-04T01:02:03Z"
+    assert format_time_ns(1_796_346_123 * 10**9 + 45_600_000) == "2026-12-04T01:02:03.045Z"
+    for t_ns in (1_796_346_123 * 10**9, 1_796_346_123 * 10**9 + 45_000_000):
+        assert parse_time(format_time_ns(t_ns)) == t_ns

@@ -284,7 +284,7 @@ class PointResult(_message.Message):
     def __init__(self, index: _Optional[int] = ..., workload: _Optional[str] = ..., batch_size: _Optional[int] = ..., power_limit: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[ProbeMetrics, _Mapping[str, object]]]] = ..., total: _Optional[_Union[ProbeMetrics, _Mapping[str, object]]] = ..., refused: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class ProbeResult(_message.Message):
-    __slots__ = ("probe_id", "host", "status", "message", "workload", "size", "batch_size", "started_unix_ns", "ended_unix_ns", "steady_start_unix_ns", "steady_end_unix_ns", "gpus", "total", "points")
+    __slots__ = ("probe_id", "host", "status", "message", "workload", "size", "batch_size", "started_unix_ns", "ended_unix_ns", "steady_start_unix_ns", "steady_end_unix_ns", "gpus", "total", "points", "device")
     PROBE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,7 @@ class ProbeResult(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     probe_id: str
     host: str
     status: _common_pb2.ProbeStatus
@@ -313,4 +314,5 @@ class ProbeResult(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[ProbeMetrics]
     total: ProbeMetrics
     points: _containers.RepeatedCompositeFieldContainer[PointResult]
-    def __init__(self, probe_id: _Optional[str] = ..., host: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.ProbeStatus, str]] = ..., message: _Optional[str] = ..., workload: _Optional[str] = ..., size: _Optional[_Union[WorkloadSize, str]] = ..., batch_size: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ..., steady_start_unix_ns: _Optional[int] = ..., steady_end_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[ProbeMetrics, _Mapping[str, object]]]] = ..., total: _Optional[_Union[ProbeMetrics, _Mapping[str, object]]] = ..., points: _Optional[_Iterable[_Union[PointResult, _Mapping[str, object]]]] = ...) -> None: ...
+    device: str
+    def __init__(self, probe_id: _Optional[str] = ..., host: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.ProbeStatus, str]] = ..., message: _Optional[str] = ..., workload: _Optional[str] = ..., size: _Optional[_Union[WorkloadSize, str]] = ..., batch_size: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ..., steady_start_unix_ns: _Optional[int] = ..., steady_end_unix_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[ProbeMetrics, _Mapping[str, object]]]] = ..., total: _Optional[_Union[ProbeMetrics, _Mapping[str, object]]] = ..., points: _Optional[_Iterable[_Union[PointResult, _Mapping[str, object]]]] = ..., device: _Optional[str] = ...) -> None: ...

@@ -79,8 +79,12 @@ def test_three_nodes_run_a_synchronized_resnet50_probe(
         assert t["peak_temp_c"] > 60
         (gpu,) = r["gpus"]
         assert gpu["gpu_index"] == 0 and gpu["gpu_uuid"].startswith("GPU-")
+        assert r["device"] == "sim" and r["simulated"]  # the throughput is the performance model's
     table = cli("probe", "results", probe_id)
     assert table.returncode == 0 and all(a.host in table.stdout for a in agents)
+    rows = [line for line in table.stdout.splitlines() if line.startswith(cluster)]
+    assert len(rows) == 3 and all(row.split()[-1] == "SIMULATED" for row in rows), table.stdout
+    assert "SIMULATED throughput: the simulator's performance model, not a measurement" in table.stdout
 
     # read independently through pynvml: power and temperature follow each node's phases
     for a, trace in zip(agents, traces, strict=True):
@@ -126,3 +130,26 @@ def test_a_broker_restart_during_a_probe_loses_no_result(
         assert all(r["status"] == "succeeded" and r["total"]["samples"] > 0 for r in results)
         fleet_view = json.loads(cli("fleet", "--json").stdout)
         assert sorted((p["host"], p["state"]) for p in fleet_view) == sorted((a.host, "online") for a in agents)
+
+
+def test_probe_results_mark_simulated_throughput() -> None:
+    """`probe results` showed a simulated GPU's samples/s like a measured one (`study status` marked it)."""
+    from gpuprobe.control import render
+    from gpuprobe.v1 import common_pb2, control_pb2
+
+    def result(host: str, device: str) -> control_pb2.ProbeResult:
+        r = control_pb2.ProbeResult(host=host, status=common_pb2.PROBE_STATUS_SUCCEEDED, workload="resnet50")
+        r.device = device
+        r.total.samples_per_s = 173.6
+        return r
+
+    table = render.results_table([result("sim-node", "sim"), result("real-node", "cuda"), result("old-agent", "")])
+    head, *rows = table.splitlines()
+    assert head.split()[-1] == "THROUGHPUT"
+    cells = {row.split()[0]: row.split()[-1] for row in rows if row.endswith(("SIMULATED", "cuda", "-"))}
+    assert cells == {"sim-node": "SIMULATED", "real-node": "cuda", "old-agent": "-"}, table
+    assert render.SIMULATED_NOTE in rows
+    assert render.SIMULATED_NOTE not in render.results_table([result("real-node", "cuda")])
+    assert render.result_dict(result("sim-node", "sim"))["simulated"] is True
+    assert render.result_dict(result("mixed", "cuda,sim"))["simulated"] is True
+    assert render.result_dict(result("real-node", "cuda"))["simulated"] is False

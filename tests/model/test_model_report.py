@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from simprobe import ProbeRun
 
-from gpuprobe.devservices.browser import screenshot
+from gpuprobe.devservices.browser import screenshot, widest_table
 from gpuprobe.model import ReportPaths
 
 pytestmark = pytest.mark.slow
@@ -32,6 +32,9 @@ def test_report_renders_in_headless_chromium(report: ReportPaths, tmp_path: Path
     non_white = float(np.mean(pixels.min(axis=1) < 0.95))
     assert colours > 200, colours
     assert non_white > 0.05, non_white
+    # at 1400 px no table is wider than the page (the thermal table reached past it)
+    right_px, viewport_px = widest_table(report.html, 1400)
+    assert 0 < right_px <= viewport_px, (right_px, viewport_px)
 
 
 def test_report_is_self_contained_and_shows_every_plot(report: ReportPaths) -> None:

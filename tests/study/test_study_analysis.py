@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gpuprobe.model.thermal import window_steady_c
 from gpuprobe.study.analysis import (
     Event,
     GroupKey,
@@ -142,12 +143,31 @@ def test_no_samples_no_figures() -> None:
     assert (s.gpu_samples, s.mean_power_w, s.energy_source, s.peak_temp_c) == (0, None, "none", None)
 
 
+def test_the_steady_temperature_is_where_a_short_window_was_heading_not_its_peak() -> None:
+    """A window shorter than the GPU's τ ends well below its steady temperature; the headroom is counted
+    from the step fit's asymptote (the same steady temperature `gpuprobe model` predicts), not the peak."""
+    t_s = np.arange(0.0, 20.0, 0.1)
+    rising = np.floor(74.0 + (36.0 - 74.0) * np.exp(-(t_s + 2.0) / 25.0) + 0.5)  # integer °C, as stored
+    steady, fitted = window_steady_c((t_s * S).astype(np.int64), rising, np.full(len(t_s), 400.0))
+    assert fitted and steady == pytest.approx(74.0, abs=1.5) and float(rising.max()) <= 58.0
+    flat = np.full(len(t_s), 61.0)
+    flat[50] = 64.0  # one hotter reading is no steady temperature
+    assert window_steady_c((t_s * S).astype(np.int64), flat, np.full(len(t_s), 300.0)) == (61.0, True)
+    # a straight line has no asymptote to trust: the last quarter's median, marked as not fitted
+    line = 40.0 + t_s
+    steady, fitted = window_steady_c((t_s * S).astype(np.int64), line, np.full(len(t_s), 300.0))
+    assert not fitted and steady == pytest.approx(float(np.median(line[-50:])))
+    assert window_steady_c(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)) == (None, False)
+
+
 # --- measurements and groups ---------------------------------------------------------------------
 
 
-def stats(power: float | None, peak: float | None = 70.0, limit: float | None = 300.0) -> WindowStats:
+def stats(
+    power: float | None, peak: float | None = 72.0, limit: float | None = 300.0, steady: float | None = 70.0
+) -> WindowStats:
     return WindowStats(
-        20.0, 200, power, None if power is None else power * 20, "counter", 0, power, limit, peak, 1800.0
+        20.0, 200, power, None if power is None else power * 20, "counter", 0, power, limit, peak, 1800.0, steady, True
     )
 
 
@@ -194,6 +214,7 @@ def meas(
 def test_a_measurement_derives_samples_per_joule_and_headroom() -> None:
     m = meas("a", "0", 0, 1000.0, 400.0)
     assert m.samples_per_j == 2.5 and m.j_per_sample == 0.4
+    # 87 °C - the steady 70 °C, not the peak 72 °C
     assert m.headroom_c == 17.0 and m.has_data and not m.simulated and m.problems == []
     sim = meas("a", "0", 0, 1000.0, 400.0, device="sim", slowdown=None)
     assert sim.simulated and sim.headroom_c is None
@@ -213,7 +234,7 @@ def test_groups_by_their_keys_with_ratio_of_sums_and_the_worst_headroom() -> Non
         meas("b", "1", 0, None, 500.0),  # no throughput: counted, not in the figures
         meas("a", "0", 1, 1500.0, 500.0, batch=128),
     ]
-    ms[1].stats = stats(600.0, peak=80.0)
+    ms[1].stats = stats(600.0, peak=82.0, steady=80.0)
     ms[1].__post_init__()
     groups = make_groups(ms, [], nodes(a=2, b=2))
     assert [(g.key.batch_size, g.gpus, g.nodes, g.gpus_with_data) for g in groups] == [(64, 4, 2, 3), (128, 1, 1, 1)]
@@ -222,7 +243,7 @@ def test_groups_by_their_keys_with_ratio_of_sums_and_the_worst_headroom() -> Non
     assert g.samples_per_j == pytest.approx(3000.0 / 1400.0)  # Σ samples/s ÷ Σ W
     assert g.j_per_sample == pytest.approx(1400.0 / 3000.0)
     assert g.mean_power_w == pytest.approx(475.0)
-    assert g.peak_temp_c == 80.0 and g.headroom_c == 7.0
+    assert g.peak_temp_c == 82.0 and g.headroom_c == 7.0
     assert g.hosts == ["a", "b"] and g.points == [0]
 
 

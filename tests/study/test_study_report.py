@@ -28,9 +28,11 @@ from study_synthetic import (
     expected,
     peak_temp_c,
     samples_per_j,
+    steady_temp_c,
 )
 
 from gpuprobe.devservices import InfluxDBDatabase
+from gpuprobe.devservices.browser import widest_table
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.lineprotocol import encode_line
 from gpuprobe.influx.settings import InfluxSettings
@@ -61,7 +63,9 @@ def test_every_gpu_at_every_point(study_report: StudyReport) -> None:
         if g.slowdown_c is None:
             assert m.headroom_c is None, where
         else:
-            assert m.headroom_c == pytest.approx(g.slowdown_c - peak_temp_c(g, m.point)), where
+            # from the steady temperature (the one hotter reading is the peak, not where it settled)
+            assert m.stats.steady_temp_c == steady_temp_c(g, m.point) and m.stats.steady_fitted, where
+            assert m.headroom_c == pytest.approx(g.slowdown_c - steady_temp_c(g, m.point)), where
 
 
 def test_groups(study_report: StudyReport) -> None:
@@ -156,16 +160,31 @@ def test_the_command_writes_table_html_json_and_model_points(
     # progress on stderr
     assert "reading the events of study" in err and "reading GPU samples" in err
     # the table: a row per group, the simulated L4 rows say so, the optimal points and the refusal
-    rows = [line for line in out.splitlines() if line.startswith(("NVIDIA H100", "NVIDIA L4"))]
-    assert len(rows) == 12
+    # (each configuration heads its rows: GPU model · workload · instance type · virt · region)
+    lines = out.splitlines()
+    headings = [line for line in lines if line.startswith(("NVIDIA H100", "NVIDIA L4"))]
+    assert headings == [
+        f"{H100} · resnet50 · g6.vgpu · vgpu · eu-west-1",
+        f"{H100} · resnet50 · p5.48xlarge · bare_metal · us-east-1",
+        f"{L4} · resnet50 · g6.vgpu · vgpu · eu-west-1",
+    ]
+    rows = [line for line in lines if re.match(r"  (64|128) ", line)]
+    assert len(rows) == 12 and all(lines.index(rows[0]) > lines.index(headings[0]) for _ in rows)
     data = [line.split()[-1] for line in rows]
     assert data == ["measured"] * 8 + ["simulated"] * 3 + ["—"]  # the last L4 group is the refused point
     assert "SOME FIGURES ARE SIMULATED" in out
-    assert re.search(r"NVIDIA L4 / resnet50: energy-optimal batch 64, limit 60% .*\(simulated\)", out)
-    assert re.search(r"NVIDIA H100 80GB HBM3 / resnet50: energy-optimal batch 128, limit 60% on p5\.48xlarge", out)
-    assert f"node-b gpu 1 point 3 (resnet50, batch 128, limit 60%): {L4_REFUSAL}" in out
+    # it fits a 120-column terminal (it was ~230): the table drops what it says above it or leaves to the
+    # HTML, and the text wraps, each continuation 4 spaces deeper than its line
+    assert max(len(line) for line in out.splitlines()) <= 120, out
+    text = re.sub(r"\n {4,}", " ", out)
+    assert re.search(r"NVIDIA L4 / resnet50: energy-optimal batch 64, limit 60% .*\(simulated\)", text)
+    assert re.search(r"NVIDIA H100 80GB HBM3 / resnet50: energy-optimal batch 128, limit 60% on p5\.48xlarge", text)
+    assert f"node-b gpu 1 point 3 (resnet50, batch 128, limit 60%): {L4_REFUSAL}" in text
     assert "+10.0" in out  # the vgpu overhead
     assert f"report: {html}" in out and f"numbers: {numbers}" in out
+    # at 1400 px no table is wider than the page (the groups table was ~1700 px, in a scrolled box)
+    right_px, viewport_px = widest_table(html, 1400)
+    assert 0 < right_px <= viewport_px, (right_px, viewport_px)
     assert "`model` points written (kind=study): 12" in out
 
     page = html.read_text(encoding="utf-8")
@@ -242,6 +261,9 @@ def test_an_unknown_study_names_the_database(study_run: StudyRun, gpuprobe_study
     status, out, err = gpuprobe_study(study_run, "s-nope")
     assert status == 1 and out == ""
     assert f"no study 's-nope' in database '{study_run.db}'" in err
+    # a study narrowed by --hosts to none of its nodes says so, instead of "no study"
+    status, out, err = gpuprobe_study(study_run, study_run.study, "--hosts", "nosuch-a,nosuch-b")
+    assert status == 1 and "on hosts nosuch-a, nosuch-b (--hosts)" in err, err
 
 
 def test_a_study_without_data_says_which_points(
@@ -320,3 +342,45 @@ def test_a_plain_probe_is_not_a_study(influxdb: InfluxDBDatabase, gpuprobe_study
     assert (
         f"probe 'p-plain' in database '{influxdb.name}' is not a study: none of its `probe` events names a point" in err
     )
+
+
+def test_the_terminal_table_says_constant_columns_once_and_leaves_the_least_needed_to_the_html() -> None:
+    from gpuprobe.study.report import terminal_columns
+
+    headers = ["batch", "limit", "samples/J", "J/sample", "proxy dBA", "refused", "data"]
+    rows = [
+        ["64", "as is", "2.5", "0.4", "55.0", "0", "measured"],
+        ["128", "60%", "3.1", "0.32", "55.0", "0", "simulated"],
+    ]
+    shown, body, left, said = terminal_columns(headers, rows, left=2, width=200)
+    assert shown == ["batch", "limit", "samples/J", "J/sample", "data"] and left == 2
+    assert said == ["every row: proxy dBA: 55.0; refused: 0"]
+    assert body == [["64", "as is", "2.5", "0.4", "measured"], ["128", "60%", "3.1", "0.32", "simulated"]]
+    narrow, _, _, said = terminal_columns(headers, rows, left=2, width=30)
+    assert "J/sample" not in narrow and said[-1] == "in the HTML report and the JSON only: J/sample"
+    single, _, _, said = terminal_columns(headers, rows[:1], left=2, width=200)
+    assert single == headers and said == []  # one row: nothing is "the same in every row"
+
+
+def test_the_plots_legends_cover_no_data(study_report: StudyReport) -> None:
+    """The legends sat inside the panels ("best" place), over points and lines; they are beside or under
+    the panels now: no legend overlaps any axes of its figure."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from gpuprobe.study.report import pareto_plot, scaling_plot
+
+    figures = [pareto_plot(study_report, H100), pareto_plot(study_report, L4), scaling_plot(study_report)]
+    assert all(fig is not None for fig in figures)
+    for fig in figures:
+        fig.canvas.draw()
+        axes = [ax for ax in fig.axes if ax.get_visible()]
+        legends = [*fig.legends, *(ax.get_legend() for ax in axes if ax.get_legend() is not None)]
+        assert legends, fig
+        for legend in legends:
+            box = legend.get_window_extent()
+            for ax in axes:
+                assert not box.overlaps(ax.get_window_extent()), (fig.get_suptitle(), ax.get_title())
+    plt.close("all")
