@@ -34,19 +34,22 @@ stored as ``acoustic,source=mic laeq_db``.
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import math
 import os
+import pickle
 import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import support
@@ -158,11 +161,9 @@ class GpuTruth:
 
 
 @dataclass
-class ProbeRun:
-    """A finished probe in its own database of the session's InfluxDB."""
+class Probe:
+    """A finished probe as generated: its phases' times and the ground truth of every GPU."""
 
-    server: InfluxDBServer
-    db: str
     probe_id: str
     start_ns: int
     warmup_ns: dict[str, int]
@@ -175,6 +176,23 @@ class ProbeRun:
 
     def truth(self, host: str, gpu: int) -> GpuTruth:
         return next(t for t in self.truths if t.host == host and t.gpu == gpu)
+
+
+@dataclass(kw_only=True)
+class ProbeRun(Probe):
+    """The probe stored in its own database of the session's (the worker's) InfluxDB."""
+
+    server: InfluxDBServer
+    db: str
+
+
+@dataclass
+class GeneratedProbe:
+    """What :func:`generate_probe` hands to :func:`store_probe`: the probe, and its points as the
+    line-protocol bodies they are written in."""
+
+    probe: Probe
+    chunks: list[str]
 
 
 def _profiles(host: str) -> list[GpuProfile]:
@@ -203,7 +221,7 @@ def _probe_line(host: str, t_ns: int, kind: str, phase: str, status: str) -> str
 _TAG = re.compile(r",(model|uuid)=((?:[^, \\]|\\.)*)")  # a gpu line's model and uuid tags, still escaped
 
 
-def _gpu_info_lines(run: ProbeRun, gpu_lines: dict[str, list[str]], start_ns: dict[str, int]) -> list[str]:
+def _gpu_info_lines(run: Probe, gpu_lines: dict[str, list[str]], start_ns: dict[str, int]) -> list[str]:
     """One ``gpu_info`` point per GPU at its machine's start (before the probe), with the series tags of
     its ``gpu`` points and the thresholds of its profile."""
     lines = []
@@ -225,7 +243,7 @@ def _gpu_info_lines(run: ProbeRun, gpu_lines: dict[str, list[str]], start_ns: di
     return lines
 
 
-def _trainer_lines(run: ProbeRun) -> list[str]:
+def _trainer_lines(run: Probe) -> list[str]:
     lines = []
     for t in run.truths:
         tags = {"cluster": "test", "gpu": str(t.gpu), "host": t.host, "probe": PROBE_ID, "workload": WORKLOAD}
@@ -257,7 +275,7 @@ def _energetic_mean(levels: list[float]) -> float:
     return 10 * math.log10(sum(10 ** (x / 10) for x in levels) / len(levels))
 
 
-def _mic_lines(tmp: Path, run: ProbeRun, node_proxy: list[tuple[int, float]]) -> list[str]:
+def _mic_lines(tmp: Path, run: Probe, node_proxy: list[tuple[int, float]]) -> list[str]:
     """A real capture through ALSA's file plugin and PortAudio; the proxy level + offset, as 1 kHz tones."""
     times = np.array([t for t, _ in node_proxy], dtype=np.int64)
     levels = np.array([v for _, v in node_proxy])
@@ -325,10 +343,18 @@ pcm.!default {{
     return lines
 
 
-def run_probe(server: InfluxDBServer, tmp: Path) -> ProbeRun:
-    """Runs the scenario in real time (about 45 s) and stores it in a new database."""
+def store_probe(server: InfluxDBServer, generated: GeneratedProbe) -> ProbeRun:
+    """The generated probe's points in a new database of ``server``."""
     db = f"model_probe_{uuid.uuid4().hex[:8]}"
     server.create_database(db)
+    for chunk in generated.chunks:
+        server.write_lines(db, chunk)
+    facts = {f.name: getattr(generated.probe, f.name) for f in dataclasses.fields(Probe)}
+    return ProbeRun(**facts, server=server, db=db)
+
+
+def generate_probe(tmp: Path) -> GeneratedProbe:
+    """Runs the scenario in real time (about 45 s): the probe and its points, not yet stored."""
     hosts = list(SCENARIO)
     with ExitStack() as stack:
         machines: dict[str, SimMachine] = {h: stack.enter_context(temporary_machine(_profiles(h))) for h in hosts}
@@ -396,7 +422,8 @@ def run_probe(server: InfluxDBServer, tmp: Path) -> ProbeRun:
             for h in hosts
             for i, (_, _, util, rate) in enumerate(SCENARIO[h])
         ]
-    run = ProbeRun(server, db, PROBE_ID, start_ns, warmup_ns, steady_ns, cooldown_ns, end_ns, truths)
+    run = Probe(PROBE_ID, start_ns, warmup_ns, steady_ns, cooldown_ns, end_ns, truths)
+    chunks: list[str] = []
     node_proxy: list[tuple[int, float]] = []
     gpu_lines: dict[str, list[str]] = {}
     for h in hosts:
@@ -408,32 +435,38 @@ def run_probe(server: InfluxDBServer, tmp: Path) -> ProbeRun:
                 if line.startswith("acoustic,") and ",gpu=" not in line:
                     _, value, t_ns = line.split(" ")
                     node_proxy.append((int(t_ns), float(value.split("=")[1])))
-        for k in range(0, len(lines), 5000):
-            server.write_lines(db, lines[k : k + 5000])
-    server.write_lines(db, "".join(probe_lines))
-    server.write_lines(db, "".join(_trainer_lines(run)))
-    server.write_lines(db, "".join(_gpu_info_lines(run, gpu_lines, {h: configs[h].start_ns for h in hosts})))
+        chunks += ["\n".join(lines[k : k + 5000]) for k in range(0, len(lines), 5000)]
+    chunks.append("".join(probe_lines))
+    chunks.append("".join(_trainer_lines(run)))
+    chunks.append("".join(_gpu_info_lines(run, gpu_lines, {h: configs[h].start_ns for h in hosts})))
     mic = _mic_lines(tmp, run, node_proxy)
     run.mic_windows = len(mic)
-    server.write_lines(db, "".join(mic))
-    return run
+    chunks.append("".join(mic))
+    return GeneratedProbe(run, chunks)
 
 
 _CACHE: dict[str, Any] = {}
 
 
 def shared_probe(server: InfluxDBServer, tmp_factory: Any) -> ProbeRun:
-    """The session's probe: generated once, whichever test directory asks first."""
+    """The session's probe: generated once per run, whichever test directory (and worker) asks first,
+    and stored in this process's InfluxDB."""
     if "run" not in _CACHE:
-        _CACHE["run"] = run_probe(server, tmp_factory.mktemp("simprobe"))
+        generated, _ = _made_once(tmp_factory, "simprobe", lambda: generate_probe(tmp_factory.mktemp("simprobe")))
+        _CACHE["run"] = store_probe(server, generated)
     run: ProbeRun = _CACHE["run"]
     return run
 
 
 def shared_report(run: ProbeRun, tmp_factory: Any) -> Any:
-    """The model run on the session's probe (report, JSON, ``model`` points), once per session."""
+    """The model run on the session's probe (report, JSON, ``model`` points), once per run: a worker that
+    did not fit it writes the fitted run's ``model`` points into its own database, the lines and the
+    writer ``gpuprobe.model.run`` writes them with, instead of fitting the same data again."""
+    from gpuprobe.influx.client import InfluxClient
+    from gpuprobe.influx.retention import write_with_events
     from gpuprobe.model import InfluxSettings, ModelSettings
     from gpuprobe.model import run as model_run
+    from gpuprobe.model.output import model_lines
 
     if "report" not in _CACHE:
         settings = ModelSettings(
@@ -444,5 +477,37 @@ def shared_report(run: ProbeRun, tmp_factory: Any) -> Any:
             pue=PUE,
             grid_kg_per_kwh=GRID_KG_PER_KWH,
         )
-        _CACHE["report"] = model_run(settings)
+        report, made_here = _made_once(tmp_factory, "model-report", lambda: model_run(settings))
+        if not made_here:
+            with InfluxClient(settings.influx, user_agent="gpuprobe-model") as client:
+                written = write_with_events(client, "".join(model_lines(report.results)))
+            assert written == report.model_points_written
+        _CACHE["report"] = report
     return _CACHE["report"]
+
+
+T = TypeVar("T")
+
+
+def _made_once(tmp_factory: Any, name: str, make: Callable[[], T]) -> tuple[T, bool]:
+    """``make()`` in the first pytest process of the run that asks, read back (pickled) by the others;
+    and whether this process made it.
+
+    Under pytest-xdist each worker has its own InfluxDB, and would run the 45 s scenario and fit it
+    itself; the workers' temporary directories share a parent (``--basetemp``'s, per run), so the first
+    one makes it under a lock there and leaves it pickled beside the lock. Without xdist the base
+    temporary directory is this process's alone."""
+    root = tmp_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    saved = root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed, also when make() fails
+        if saved.exists():
+            made: T = pickle.loads(saved.read_bytes())
+            return made, False
+        made = make()
+        partial = saved.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(made))
+        partial.replace(saved)
+        return made, True

@@ -15,7 +15,7 @@ import pytest
 from simprobe import GRID_KG_PER_KWH, MIC_HOST, MIC_OFFSET_DB, PRICE_PER_GPU_HOUR, PUE, ProbeRun
 
 from gpuprobe.model import InfluxSettings, ModelSettings, ReportPaths, fit
-from gpuprobe.model.analysis import GpuResult
+from gpuprobe.model.analysis import GpuResult, find_outliers
 from gpuprobe.sim import thermal
 
 pytestmark = pytest.mark.slow
@@ -126,12 +126,24 @@ def test_the_gpu_with_the_larger_r_th_stands_out_and_only_it(report: ReportPaths
 
 
 def test_outlier_threshold_is_an_option(probe_run: ProbeRun, report: ReportPaths) -> None:
+    """The thresholds are options of the model run: a lenient R_th threshold drops the hotter L4, a strict
+    samples/J one flags a less efficient L4. The outliers are decided on the fitted GPUs
+    (``find_outliers``, which ``analyze`` calls with the run's settings), so this asks the session's fits
+    with other settings instead of fitting the probe twice more (40 s in the last CI run)."""
     influx = InfluxSettings(url=probe_run.server.url, database=probe_run.db)
     base = ModelSettings(influx=influx, probe=probe_run.probe_id)
-    _, lenient = fit(dataclasses.replace(base, outlier_r_th_pct=60.0))
-    assert lenient.outliers == []
-    _, strict = fit(dataclasses.replace(base, outlier_samples_per_j_pct=1.5))
-    assert {(o.host, o.gpu) for o in strict.outliers if o.kind == "less efficient"} == {("node-a", "1")}
+    # the run reports the thresholds it used: the defaults here
+    assert report.results.thresholds == {
+        "outlier_r_th_pct": base.outlier_r_th_pct,
+        "outlier_dba": base.outlier_dba,
+        "outlier_samples_per_j_pct": base.outlier_samples_per_j_pct,
+    }
+    gpus = report.results.gpus
+    assert find_outliers(gpus, base) == report.results.outliers  # what the run found, decided the same way
+    lenient = find_outliers(gpus, dataclasses.replace(base, outlier_r_th_pct=60.0))
+    assert lenient == []
+    strict = find_outliers(gpus, dataclasses.replace(base, outlier_samples_per_j_pct=1.5))
+    assert {(o.host, o.gpu) for o in strict if o.kind == "less efficient"} == {("node-a", "1")}
 
 
 def test_json_holds_every_number_and_matches_the_model_points(probe_run: ProbeRun, report: ReportPaths) -> None:
@@ -186,15 +198,26 @@ def test_json_holds_every_number_and_matches_the_model_points(probe_run: ProbeRu
 
 
 def test_running_the_model_again_overwrites_its_points(probe_run: ProbeRun, report: ReportPaths, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A second run writes its points over the first run's instead of beside them. The second run is of
+    node-b alone (the cheaper node to fit: 16 s against 135 s for node-a, 2026-12-04 at load average 10),
+    with the session's settings, so that what it writes equals what was there: node-b's share of the
+    first run's points, and the count of every GPU's and node's points unchanged."""
     from gpuprobe.model import run
+    from gpuprobe.model.output import model_lines
 
     settings = ModelSettings(
         influx=InfluxSettings(url=probe_run.server.url, database=probe_run.db),
         probe=probe_run.probe_id,
+        hosts=("node-b",),
         out_dir=tmp_path,
+        price_per_gpu_hour=PRICE_PER_GPU_HOUR,
+        pue=PUE,
+        grid_kg_per_kwh=GRID_KG_PER_KWH,
     )
     again = run(settings)
-    assert again.model_points_written == report.model_points_written
+    first = model_lines(report.results)
+    assert report.model_points_written == len(first)
+    assert again.model_points_written == sum(",host=node-b," in line for line in first) > 0
     count = probe_run.server.query(probe_run.db, 'SELECT count("tau_s") FROM "model" WHERE "kind" = \'thermal\'')
     assert count[0].values[0][1] == 8 + 2
 
