@@ -7,10 +7,12 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,22 +24,31 @@ from gpuprobe.devservices.browser import screenshot
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def demo_processes() -> set[int]:
-    """Processes whose command line names a demo working directory (InfluxDB, agents, collector...)."""
+@pytest.fixture
+def demo_tmp() -> Iterator[Path]:
+    """The demo's TMPDIR, this test's own: its working directory and every process that names it are
+    this demo's, not the other worker's demo (both demo tests may run at once). Short, for the unix
+    sockets under it (pytest's tmp_path is too long for them)."""
+    path = Path(tempfile.mkdtemp(prefix="demo-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def demo_processes(tmp: Path) -> set[int]:
+    """Processes whose command line names a demo working directory under ``tmp`` (InfluxDB, agents...)."""
+    marker = f"{tmp}/gpuprobe-demo-".encode()
     found = set()
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if b"gpuprobe-demo-" in (proc / "cmdline").read_bytes():
+                if marker in (proc / "cmdline").read_bytes():
                     found.add(int(proc.name))
             except OSError:
                 continue
     return found
 
 
-def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
-    workdirs_before = set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*"))
-    processes_before = demo_processes()
+def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path, demo_tmp: Path) -> None:
     out = tmp_path / "report"
     phases = ["--idle", "8", "--steady", "30", "--cooldown", "20", "--start-in", "30", "--study-steady", "10"]
     # its own process group, so that a demo that fails or hangs leaves no InfluxDB, agents or simulator
@@ -48,6 +59,7 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=dict(os.environ, TMPDIR=str(demo_tmp)),
     )
     try:
         stdout, stderr = demo.communicate(timeout=840)
@@ -117,20 +129,19 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path) -> None:
     assert shot.returncode == 0 and png.stat().st_size > 50_000, shot.stderr[-2000:]
 
     # it cleans up after itself
-    assert set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*")) == workdirs_before
-    assert demo_processes() - processes_before == set()
+    assert list(demo_tmp.glob("gpuprobe-demo-*")) == []
+    assert demo_processes(demo_tmp) == set()
 
 
-def test_a_demo_stopped_with_sigterm_leaves_nothing_running_or_lying_around(tmp_path: Path) -> None:
+def test_a_demo_stopped_with_sigterm_leaves_nothing_running_or_lying_around(tmp_path: Path, demo_tmp: Path) -> None:
     """Its services run in sessions of their own, so a SIGTERM to the demo (a CI job cancelled, `kill`)
     must stop them as a Ctrl-C does, not leave InfluxDB, Mosquitto and the agents behind."""
-    workdirs_before = set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*"))
-    processes_before = demo_processes()
     demo = subprocess.Popen(
         [sys.executable, "-m", "gpuprobe", "demo", "--out", str(tmp_path / "report"), "--no-study"],
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=dict(os.environ, TMPDIR=str(demo_tmp)),
     )
     try:
         assert demo.stderr is not None
@@ -139,7 +150,7 @@ def test_a_demo_stopped_with_sigterm_leaves_nothing_running_or_lying_around(tmp_
             lines.append(line)
             if "both agents are online" in line:
                 break
-        assert demo_processes() - processes_before, "".join(lines)  # its services were running
+        assert demo_processes(demo_tmp), "".join(lines)  # its services were running
         demo.send_signal(signal.SIGTERM)
         _, rest = demo.communicate(timeout=60)
     finally:
@@ -147,5 +158,5 @@ def test_a_demo_stopped_with_sigterm_leaves_nothing_running_or_lying_around(tmp_
             os.killpg(demo.pid, signal.SIGKILL)
     assert demo.returncode == 1, rest
     assert "stopped by SIGTERM" in rest
-    assert demo_processes() - processes_before == set()
-    assert set(Path(tempfile.gettempdir()).glob("gpuprobe-demo-*")) == workdirs_before
+    assert demo_processes(demo_tmp) == set()
+    assert list(demo_tmp.glob("gpuprobe-demo-*")) == []
