@@ -1163,22 +1163,17 @@ class StreamEncoder:
         out.append(f"{prefix}{','.join(parts)} {time_ns}\n".encode())
 
 
+# the GpuRef fields that name the pod holding the GPU, each a tag of the same name where set
+POD_TAGS = ("pod", "namespace", "container")
+
+
 def _ref_strings(ref: telemetry_pb2.GpuRef) -> tuple[tuple[str, str], ...]:
     """A GPU reference's strings that become tags, as the batch names them."""
-    return (
-        ("uuid", ref.uuid),
-        ("name", ref.name),
-        ("pod", ref.pod),
-        ("namespace", ref.namespace),
-        ("container", ref.container),
-    )
+    return (("uuid", ref.uuid), ("name", ref.name), *((name, getattr(ref, name)) for name in POD_TAGS))
 
 
 def _ref_tags(ref: telemetry_pb2.GpuRef) -> dict[str, str]:
     """The tags of a GPU's points: index, UUID and model, and its pod where the agent knows it."""
     tags = {"gpu": str(ref.index), "uuid": ref.uuid, "model": ref.name}
-    for name in ("pod", "namespace", "container"):
-        value = getattr(ref, name)
-        if value:
-            tags[name] = value
+    tags.update((name, value) for name in POD_TAGS if (value := getattr(ref, name)))
     return tags
