@@ -59,6 +59,12 @@ SLEEP_SLICE_S = 0.05
 # On a simulated GPU the CPU computes real steps with at most this many samples (full-size models);
 # the reported progress is the simulated device's at the requested batch size.
 SIM_REAL_BATCH_FULL = 2
+# ... and rests this many times each real step's length after it, on one torch thread: the real steps
+# only prove the training loop (the progress is the simulated device's), and a machine of several
+# simulated GPUs has one such trainer per GPU beside its agent, collector and InfluxDB. Unpaced, eight
+# trainers took both cores of a 2-core machine, each with two threads spinning for a core the other
+# held; paced, each takes at most a quarter of a core.
+SIM_REST_PER_STEP = 3.0
 
 
 @dataclass(frozen=True)
@@ -410,12 +416,17 @@ class Run:
             if self.trainable is None:  # idle workload: nothing to compute
                 self._idle_until(deadline_ns)
                 break
+            step_start_ns = time.monotonic_ns()
             loss = self.trainable.step(batch)
             self.last_loss = loss
             steps += 1
             self.step += 1
             if self.throughput is None:
                 self._count(self.batch_size)
+            else:
+                self.trainable.synchronize()
+                rest_ns = int((time.monotonic_ns() - step_start_ns) * SIM_REST_PER_STEP)
+                self._idle_until(min(deadline_ns, time.time_ns() + rest_ns))
             self._progress()
         if self.trainable is not None:
             self.trainable.synchronize()
@@ -434,6 +445,8 @@ class Run:
 
             if cfg.threads > 0:
                 torch.set_num_threads(cfg.threads)
+            elif self.placement.sim is not None:
+                torch.set_num_threads(1)  # see SIM_REST_PER_STEP
             self.trainable = Trainable(cfg.workload, cfg.size, torch.device(self.placement.torch_device), cfg.seed)
         if self.placement.sim is not None:
             self.sim = simgpu.SimGpuLoad(self.placement.sim, cfg.workload)
