@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -275,35 +274,3 @@ def gpuprobe() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
-
-
-NVML_TRACE = """
-import json, sys, time
-import pynvml as N
-N.nvmlInit()
-h = N.nvmlDeviceGetHandleByIndex(0)
-end = time.time() + float(sys.argv[1])
-while time.time() < end:
-    print(json.dumps({"t": time.time_ns(), "power_w": N.nvmlDeviceGetPowerUsage(h) / 1000,
-                      "temp_c": N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU)}), flush=True)
-    time.sleep(0.2)
-"""
-
-
-@pytest.fixture
-def nvml_trace() -> Iterator[Callable[[SimMachine, float], subprocess.Popen[str]]]:
-    """A child reading GPU 0 of a simulated machine through pynvml every 200 ms (power, temperature)."""
-    children: list[subprocess.Popen[str]] = []
-
-    def start(machine: SimMachine, seconds: float) -> subprocess.Popen[str]:
-        child = subprocess.Popen(
-            [sys.executable, "-c", NVML_TRACE, str(seconds)], env=machine.environ(), stdout=subprocess.PIPE, text=True
-        )
-        children.append(child)
-        return child
-
-    yield start
-    for child in children:
-        if child.poll() is None:
-            child.kill()
-            child.wait()

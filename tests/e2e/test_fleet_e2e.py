@@ -33,7 +33,7 @@ import support
 from support import free_port, gpuprobe_command, wait_until
 
 from gpuprobe.devservices import InfluxDBDatabase, MosquittoServer
-from gpuprobe.sim import state
+from gpuprobe.sim import perf, state
 from gpuprobe.sim.profiles import PROFILES
 
 pytestmark = pytest.mark.slow
@@ -248,30 +248,62 @@ def start_fleet(
 
 
 def run_probe(system: System, broker: str, private: Path, cluster: str) -> str:
-    """(a) the operator starts a signed probe; all three accept it and report their results."""
+    """(a) the operator starts a signed probe; all three accept it, follow it live to the end, start
+    their steady phases within 1 s of each other and report the simulated GPUs' ground truth."""
     probe_id = f"p-e2e-{uuid.uuid4().hex[:6]}"
     started = run(
         "probe", "start", "--broker", broker, "--key", str(private), "--probe-id", probe_id,
         "--workload", "resnet50", "--size", "tiny", "--duration", f"{PHASES['duration']:g}",
         "--idle-baseline", f"{PHASES['idle_baseline']:g}", "--warmup", f"{PHASES['warmup']:g}",
         "--cooldown", f"{PHASES['cooldown']:g}", "--start-in", f"{START_IN_S:g}s", "--nodes", f"cluster={cluster}",
-        "--json",
     )  # fmt: skip
     assert started.returncode == 0, started.stdout + started.stderr + system.logs()
-    replies = json.loads(started.stdout)["replies"]
-    assert sorted(r["host"] for r in replies if r["accepted"]) == sorted(NODES), replies
+    assert f"({len(NODES)} online agent(s) selected)" in started.stdout, started.stdout
+    for host in NODES:
+        assert f"{host}  accepted" in started.stdout, started.stdout
 
-    done = run("probe", "results", probe_id, "--broker", broker, "--json", "--wait", "90", timeout_s=150)
+    # the live view runs until every node has its result
+    status = run("probe", "status", probe_id, "--broker", broker, "--refresh", "2", timeout_s=150)
+    assert status.returncode == 0, status.stdout + status.stderr + system.logs()
+    tables = status.stdout.split(f"probe {probe_id}")
+    assert len(tables) > 5 and "steady" in status.stdout and "[####" in status.stdout, status.stdout
+    for host in NODES:
+        row = next(line for line in tables[-1].splitlines() if line.startswith(host))
+        assert row.split()[1:3] == ["done", "succeeded"] and "100%" in row, row
+
+    done = run("probe", "results", probe_id, "--broker", broker, "--json")
     assert done.returncode == 0, done.stdout + done.stderr + system.logs()
     results = {r["host"]: r for r in json.loads(done.stdout)["results"]}
     assert set(results) == set(NODES)
-    for r in results.values():
-        assert r["status"] == "succeeded", r
+    steady_starts = [r["steady_start_unix_ns"] for r in results.values()]
+    assert (max(steady_starts) - min(steady_starts)) / 1e9 < 1.0, "steady phases must start within 1 s"
+    for host, r in results.items():
+        assert r["status"] == "succeeded" and r["workload"] == "resnet50" and r["size"] == "tiny", r
+        assert r["batch_size"] == 8 and r["device"] == "sim" and r["simulated"], r
+        steady_s = (r["steady_end_unix_ns"] - r["steady_start_unix_ns"]) / 1e9
+        assert PHASES["duration"] - 0.1 < steady_s < PHASES["duration"] + 1, steady_s
         assert sorted(g["gpu_index"] for g in r["gpus"]) == [0, 1]
-        # computed from the agent's own GPU samples (one NVML reader per node)
-        assert r["total"]["energy_j"] > 0 and r["total"]["mean_power_w"] > 0, r
+        # computed from the agent's own GPU samples (one NVML reader per node): energy from the simulated
+        # NVML counter, throughput the simulated device's, against the simulator's ground truth
+        for g in r["gpus"]:
+            profile = PROFILES[NODES[host][g["gpu_index"]]]
+            truth = perf.ground_truth(profile, "resnet50", "tiny", 8)
+            where = f"{host} GPU {g['gpu_index']} ({profile.name})"
+            assert g["gpu_uuid"].startswith("GPU-"), where
+            assert g["mean_power_w"] == pytest.approx(truth.power_w, rel=0.03), (where, g)
+            assert g["samples_per_s"] == pytest.approx(truth.samples_per_s, rel=0.02), (where, g)
+            assert g["energy_j"] == pytest.approx(g["mean_power_w"] * PHASES["duration"], rel=0.05), (where, g)
+            assert g["j_per_sample"] == pytest.approx(g["energy_j"] / g["samples"]), (where, g)
+            assert g["idle_power_w"] == pytest.approx(profile.idle_w, rel=0.1), (where, g)
+            assert g["peak_power_w"] >= g["mean_power_w"] - 1 and g["peak_temp_c"] > 40, (where, g)
+        t = r["total"]
+        assert t["energy_j"] == pytest.approx(sum(g["energy_j"] for g in r["gpus"])), r
+        assert t["samples_per_s"] == pytest.approx(sum(g["samples_per_s"] for g in r["gpus"])), r
     table = run("probe", "results", probe_id, "--broker", broker)
     assert table.returncode == 0 and all(host in table.stdout for host in NODES)
+    rows = [line for line in table.stdout.splitlines() if line.startswith("node-")]
+    assert len(rows) == len(NODES) and all(row.split()[-1] == "SIMULATED" for row in rows), table.stdout
+    assert "SIMULATED throughput: the simulator's performance model, not a measurement" in table.stdout
 
     return probe_id
 
