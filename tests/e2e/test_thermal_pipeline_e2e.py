@@ -128,7 +128,8 @@ def test_every_profile_recovers_its_thermal_ground_truth_through_the_pipeline(
         amb_err = rc["t_amb_c"] - truth.t_amb_c
         line = (
             f"GPU {i} {PROFILE_NAMES[i]}: model {fit['model']}, R {r_err:+.1%}, tau {tau_err:+.1%}, "
-            f"T_amb {amb_err:+.2f} C, fit {fit['fit_rmse_c']:.2f} C, held out {fit['holdout_rmse_c']:.2f} C"
+            f"T_amb {amb_err:+.2f} C, fit {fit['fit_rmse_c']:.2f} C, held out {fit['holdout_rmse_c']:.3f} C"
+            f" (rc1: {fit['rc1_holdout_rmse_c']:.3f} C)"
         )
         print(line)
         if abs(r_err) > 0.05 or abs(tau_err) > TAU_TOLERANCE or abs(amb_err) > 1.0:
