@@ -66,7 +66,12 @@ from gpuprobe.influx.answers import (
     refused_lines_named,
 )
 from gpuprobe.influx.influxql import InfluxError, parse_results, quote_identifier
-from gpuprobe.influx.retention import EVENT_MEASUREMENTS, EVENTS_RP
+from gpuprobe.influx.retention import (
+    EVENT_MEASUREMENTS,
+    EVENTS_RP,
+    create_database_statement,
+    create_policy_statement,
+)
 from gpuprobe.influx.settings import InfluxSettings
 
 if TYPE_CHECKING:
@@ -215,13 +220,10 @@ class V1Backend:
 
     async def _create(self) -> bool:
         settings = self.settings
-        db = quote_identifier(settings.database)
-        statements = [f"CREATE DATABASE {db}"]
+        statements = [create_database_statement(settings.database)]
         if settings.retention_policy:
-            duration = settings.retention or "INF"
             statements.append(
-                f"CREATE RETENTION POLICY {quote_identifier(settings.retention_policy)} ON {db} "
-                f"DURATION {duration} REPLICATION 1"
+                create_policy_statement(settings.database, settings.retention_policy, settings.retention or "INF")
             )
         ok = True
         for statement in statements:

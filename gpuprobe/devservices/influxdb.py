@@ -16,6 +16,7 @@ from gpuprobe.devservices._process import ServerProcess
 from gpuprobe.devservices.ports import LOOPBACK, free_ports
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.influxql import InfluxError, Series, quote_identifier
+from gpuprobe.influx.retention import create_database_statement
 from gpuprobe.influx.settings import InfluxSettings
 
 _PRECISIONS = frozenset({"ns", "u", "ms", "s", "m", "h"})
@@ -137,7 +138,7 @@ class InfluxDBServer(ServerProcess):
 
     def create_database(self, name: str) -> None:
         """``CREATE DATABASE name`` (a no-op if it exists)."""
-        self.execute(f"CREATE DATABASE {quote_identifier(name)}")
+        self.execute(create_database_statement(name))
 
     def drop_database(self, name: str) -> None:
         """``DROP DATABASE name`` (a no-op if it does not exist)."""

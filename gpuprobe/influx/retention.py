@@ -253,6 +253,20 @@ class InitReport:
         return any(not line.startswith("unchanged") for line in self.lines)
 
 
+def create_database_statement(database: str) -> str:
+    """The one ``CREATE DATABASE`` statement, for ``--init-db`` and the collector's ``--influx-create-db``."""
+    return f"CREATE DATABASE {quote_identifier(database)}"
+
+
+def create_policy_statement(database: str, policy: str, duration: str, *, default: bool = False) -> str:
+    """The one ``CREATE RETENTION POLICY`` statement (``duration``: an InfluxQL duration literal or ``INF``),
+    for ``--init-db`` and the collector's ``--influx-create-db``."""
+    return (
+        f"CREATE RETENTION POLICY {quote_identifier(policy)} ON {quote_identifier(database)} "
+        f"DURATION {duration} REPLICATION 1{' DEFAULT' if default else ''}"
+    )
+
+
 def _run(client: InfluxClient, statement: str, database: str | None = None) -> None:
     client.execute(statement, database=database if database is not None else "")
 
@@ -281,7 +295,7 @@ def _init_db(client: InfluxClient, plan: RetentionPlan) -> InitReport:
     qdb = quote_identifier(db)
     existing_dbs = {str(row[0]) for s in client.query("SHOW DATABASES", database="") for row in s.values}
     if db not in existing_dbs:
-        _run(client, f"CREATE DATABASE {qdb}")
+        _run(client, create_database_statement(db))
         report.add(f"database {db}", "created")
     else:
         report.add(f"database {db}", "unchanged")
@@ -298,8 +312,7 @@ def _init_db(client: InfluxClient, plan: RetentionPlan) -> InitReport:
         what = f"retention policy {name} (duration {literal}{', default' if make_default else ''})"
         qname = quote_identifier(name)
         if name not in policies:
-            default = " DEFAULT" if make_default else ""
-            _run(client, f"CREATE RETENTION POLICY {qname} ON {qdb} DURATION {literal} REPLICATION 1{default}")
+            _run(client, create_policy_statement(db, name, literal, default=make_default))
             report.add(what, "created")
             if name == EVENTS_RP and plan.raw_rp in policies:
                 copied = copy_events(client, plan)
