@@ -13,6 +13,12 @@ same second are averaged energetically; over all such pairs::
 
 A slope near 1 means the proxy tracks loudness changes and only its absolute level was off; a slope
 far from 1 means the proxy's constants (rated fan level, floor) need changing, not just an offset.
+
+The fan-law exponent the microphone supports is stored with the calibration,
+``fan_law_db_per_decade = slope·50`` (``gpuprobe.fanlaw``): where the proxy's changes are its fans'
+(the fan law, 50 dB per decade of speed), a microphone that moves ``slope`` dB per dB of the proxy
+hears the fans' level grow ``slope·50`` dB per decade. Where the room's floor or the passive chassis
+term carries the change instead, it says less.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuprobe.fanlaw import FAN_LAW_DB_PER_DECADE
 from gpuprobe.model.efficiency import mask_of
 
 
@@ -74,6 +81,7 @@ class Calibration:
     rmse_db: float
     mic_mean_db: float
     proxy_mean_db: float
+    fan_law_db_per_decade: float | None = None  # the fan law's exponent the microphone supports (slope·50)
 
 
 def pair_levels(
@@ -119,4 +127,5 @@ def calibrate(mic_db: np.ndarray, proxy_db: np.ndarray, min_pairs: int = 5) -> C
         rmse_db=float(np.sqrt(np.mean(residuals**2))),
         mic_mean_db=energetic_mean(mic_db),
         proxy_mean_db=energetic_mean(proxy_db),
+        fan_law_db_per_decade=slope * FAN_LAW_DB_PER_DECADE if slope is not None else None,
     )

@@ -151,6 +151,7 @@ def _node_fields(n: NodeResult) -> dict[str, Fields]:
         acoustic["mic_pairs"] = int(c.pairs)
         _put(acoustic, "mic_offset_db", c.offset_db)
         _put(acoustic, "mic_slope", c.slope)
+        _put(acoustic, "mic_fan_law_db_per_decade", c.fan_law_db_per_decade)
         _put(acoustic, "mic_intercept_db", c.intercept_db)
         _put(acoustic, "mic_r2", c.r2)
         _put(acoustic, "mic_rmse_db", c.rmse_db)
@@ -229,7 +230,7 @@ def summary_table(results: Results) -> str:
         )
         if n.calibration is not None:
             c = n.calibration
-            slope = "—" if c.slope is None else f"{c.slope:.3f}"
+            slope = "—" if c.slope is None else f"{c.slope:.3f} (fan law {c.fan_law_db_per_decade:.0f} dB/decade)"
             r2 = "—" if c.r2 is None else f"{c.r2:.3f}"
             rows.append(
                 f"{'':<12} microphone: proxy + {c.offset_db:.2f} dB (±{c.offset_stderr_db:.2f}); "

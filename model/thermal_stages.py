@@ -436,35 +436,114 @@ BOUND_NAMES = {
 }
 
 
-def _correlation_time(residuals: np.ndarray) -> float:
-    """The integrated autocorrelation time of the residuals, in samples (``1 + 2·Σ r_k``, the lag-k
-    autocorrelations summed while they stay above 0.05): how many consecutive residuals count as one
-    independent error. Whole-degree readings leave runs of one sign as long as a plateau, far longer
-    than a lag-1 estimate says."""
+@dataclass(frozen=True)
+class Series:
+    """One series of residual rows of a fit (a GPU's die, its memory): where its rows are, the parameters
+    its own noise is estimated after, and each row's time (s, on the node's clock)."""
+
+    rows: slice
+    parameters: int
+    time_s: np.ndarray
+
+
+def series_time_s(p: Problem, t0_ns: int) -> np.ndarray:
+    """The time of each of a problem's residual rows (its grid steps with samples), s after ``t0_ns``."""
+    result: np.ndarray = (p.t0_ns - t0_ns) / 1e9 + (p.steps + 0.5) * p.h
+    return result
+
+
+def memory_s(model: StageModel) -> float:
+    """A model's memory: its longest time constant, the node's inlet's where it has one."""
+    return max(model.tau_slow_s, model.inlet.tau_s if model.inlet is not None else 0.0)
+
+
+def _correlation_time(residuals: np.ndarray) -> tuple[float, int]:
+    """The integrated autocorrelation time of the residuals, in rows (``1 + 2·Σ r_k``, the lag-k
+    autocorrelations summed while they stay above 0.05, at most a quarter of the series), and the lag at
+    which they fall below it: how many consecutive residuals count as one independent error, and for how
+    long they stay correlated. Whole-degree readings leave runs of one sign as long as a plateau."""
     r = residuals - np.mean(residuals)
     var = float(r @ r)
     if var <= 0 or len(r) < 4:
-        return 1.0
+        return 1.0, 1
     spectrum = np.fft.rfft(r, 2 * len(r))
-    acf = np.fft.irfft(spectrum * np.conj(spectrum))[: len(r)] / var
-    total = 1.0
-    for rho in acf[1 : len(r) // 2]:
+    acf = np.fft.irfft(spectrum * np.conj(spectrum))[: len(r) // 2] / var
+    total, lag = 1.0, len(acf)
+    for k, rho in enumerate(acf[1:], start=1):
         if rho < 0.05:
+            lag = k
             break
         total += 2 * float(rho)
-    return min(total, len(r) / 4)
+    return min(total, len(r) / 4), lag
 
 
-def intervals(model: StageModel, p: Problem, steady_fan: float) -> dict[str, Interval]:
+def sandwich_covariance(
+    jac: np.ndarray, res: np.ndarray, series: list[Series], bandwidth_s: float
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Two covariances of a least-squares fit's parameters (``jac``'s columns) for errors that are neither
+    independent in time nor across the node's GPUs; each figure's interval takes the wider of the two
+    (:func:`intervals`), as neither alone covers both ways the errors hang together.
+
+    - Newey and West's sandwich ``H⁻¹·M·H⁻¹``: each series' rows weighted by its own residual variance
+      (``H = JᵀWJ``); the scores ``JᵀW·r`` of every row summed per time bin over all series (the GPUs of
+      a node, whose misfits move together as they breathe the same air and load together, count as one
+      draw per bin, not as many), ``M`` their long-run covariance by overlapping batch means (Meketon and
+      Schmeiser's estimator, a Bartlett kernel) over ``bandwidth_s`` (the model's memory) or, where
+      longer, as long as a series' residuals stay correlated (:func:`_correlation_time`), at most half
+      the window. On the real H100 logs a GPU's lag-1 autocorrelation is near 0.07 while its residuals
+      stay correlated at 0.05-0.1 for tens of seconds (the means of 60-sample blocks vary three times
+      more than independent errors allow), and two GPUs' residuals correlate at 0.5-0.9 on the 1 348 s
+      one; a lag-1 ``n(1-r)/(1+r)`` sees none of it.
+    - ``H⁻¹`` with each series' weight divided by its integrated autocorrelation time
+      (:func:`_correlation_time`): a whole-degree plateau is one error however long it lasts. The
+      sandwich credits such an error with little (the Jacobian is near zero on a plateau), but the
+      rounding it stands for biases the fit's τ by about 1 % on a simulated GPU, and this one covers it.
+
+    None where ``H`` is singular."""
+    weight = np.ones(len(res))
+    inflation = np.ones(len(res))
+    lag = 1
+    for sr in series:
+        r = res[sr.rows]
+        weight[sr.rows] = 1.0 / max(float(r @ r) / max(len(r) - sr.parameters, 1), 1e-12)
+        inflation[sr.rows], series_lag = _correlation_time(r)
+        lag = max(lag, series_lag)
+    jw = jac * weight[:, None]
+    bread = jac.T @ jw
+    if len(res) <= jac.shape[1] + 2 or not np.all(np.isfinite(bread)) or np.linalg.cond(bread) >= 1e14:
+        return None
+    inv = np.linalg.inv(bread)
+    scaled = np.linalg.inv(jac.T @ (jw / inflation[:, None]))
+    times = np.concatenate([sr.time_s for sr in series])
+    rows = np.concatenate([np.arange(len(res))[sr.rows] for sr in series])
+    h = float(np.median(np.diff(np.unique(np.round(times, 6))))) if len(np.unique(times)) > 1 else 1.0
+    bins = np.round((times - times.min()) / h).astype(np.int64)
+    scores = np.zeros((int(bins.max()) + 1, jac.shape[1]))
+    np.add.at(scores, bins, jw[rows] * res[rows, None])
+    n = len(scores)
+    # at least as long as the residuals stay correlated: a whole-degree plateau is one error however long
+    b = max(1, min(max(math.ceil(bandwidth_s / h), lag) + 1, n // 2))
+    cum = np.vstack([np.zeros(jac.shape[1]), np.cumsum(scores, axis=0)])
+    window = cum[b:] - cum[:-b]
+    meat = window.T @ window / b * n / (n - b + 1)
+    return inv @ meat @ inv, scaled
+
+
+def intervals(
+    model: StageModel,
+    p: Problem,
+    steady_fan: float,
+    own_cov: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, Interval]:
     """90 % intervals of a fitted model's figures from the Jacobian of its residuals at the optimum.
 
-    The covariance of the GPU's own parameters is ``s²·(JᵀJ)⁻¹`` with ``s²`` the residual variance, inflated
-    by the residuals' integrated autocorrelation time (:func:`_correlation_time`: consecutive errors of a
-    thermal fit are not independent, without it the interval would be far too narrow); each figure's
+    The covariance of the GPU's own parameters is :func:`sandwich_covariance`'s (consecutive errors of a
+    thermal fit are not independent: without it the interval would be far too narrow); each figure's
     variance follows by the delta method (its gradient by finite differences), ``±1.645`` standard
-    deviations (taus on their logarithm). A node's inlet stage is held at its joint fit (the intervals
-    are conditional on it). Parameters at a bound of the search are held there; a figure that depends
-    on one is reported at the bound, with no interval."""
+    deviations (taus on their logarithm). ``own_cov``: those covariances as the node's joint fit gives
+    them (:func:`_joint_covariance`, the shared inlet's uncertainty in them), None where the GPU has no
+    inlet stage (then from its own residuals). Parameters at a bound of the search are held there; a
+    figure that depends on one is reported at the bound, with no interval."""
     fixed = model.inlet
     x = _pack(model)
     lo, hi = _bounds(model.name)
@@ -487,18 +566,21 @@ def intervals(model: StageModel, p: Problem, steady_fan: float) -> dict[str, Int
         x2 = x.copy()
         x2[c] += step
         m2 = unpack(x2)
-        jac[:, c] = (p.residuals(predict(m2, p)) - r0) / step
+        if own_cov is None:
+            jac[:, c] = (p.residuals(predict(m2, p)) - r0) / step
         fig2 = _figures(m2)
         grad[:, c] = [(fig2[n] - base_fig[n]) / step for n in names]
     free = ~pinned
     n_res, k = len(r0), int(free.sum())
-    cov = None
-    if n_res > k + 2 and k > 0:
-        j = jac[:, free]
-        jtj = j.T @ j
-        if np.all(np.isfinite(jtj)) and np.linalg.cond(jtj) < 1e14:
-            s2 = float(r0 @ r0) / (n_res - k)
-            cov = s2 * _correlation_time(r0) * np.linalg.inv(jtj)
+    covs = None
+    if own_cov is not None:
+        if all(np.all(np.isfinite(c)) for c in own_cov):
+            covs = [c[np.ix_(free, free)] for c in own_cov]
+    elif n_res > k + 2 and k > 0:
+        found = sandwich_covariance(
+            jac[:, free], r0, [Series(slice(0, n_res), k, series_time_s(p, p.t0_ns))], memory_s(model)
+        )
+        covs = list(found) if found is not None else None
     out: dict[str, Interval] = {}
     for i, name in enumerate(names):
         touches = np.abs(grad[i]) > 1e-9 * max(1.0, abs(base_fig[name]))
@@ -511,11 +593,11 @@ def intervals(model: StageModel, p: Problem, steady_fan: float) -> dict[str, Int
         if bound:
             out[name] = Interval(None, None, at_bound=", ".join(bound))
             continue
-        if cov is None:
+        if covs is None:
             out[name] = Interval(None, None, undetermined=True)
             continue
         g = grad[i][free]
-        sigma = math.sqrt(max(float(g @ cov @ g), 0.0))
+        sigma = math.sqrt(max(max(float(g @ c @ g) for c in covs), 0.0))
         low, high = base_fig[name] - Z_90 * sigma, base_fig[name] + Z_90 * sigma
         if name in LOG_FIGURES:
             low, high = math.exp(low), math.exp(high)
@@ -764,7 +846,14 @@ def _candidate(name: str, model: StageModel, g: _Gpu) -> Candidate:
     )
 
 
-def _finish(g: _Gpu, held_model: StageModel, final: StageModel, holdout: float, notes: list[str]) -> StagedFit:
+def _finish(
+    g: _Gpu,
+    held_model: StageModel,
+    final: StageModel,
+    holdout: float,
+    notes: list[str],
+    own_cov: tuple[np.ndarray, np.ndarray] | None = None,
+) -> StagedFit:
     fast = final.stages[0] if len(final.stages) == 2 else None
     out_notes = list(g.notes) + notes
     if fast is not None and fast.tau_s < g.whole.h:
@@ -782,7 +871,7 @@ def _finish(g: _Gpu, held_model: StageModel, final: StageModel, holdout: float, 
         candidates=g.candidates,
         grid_s=g.whole.h,
         notes=out_notes,
-        intervals=intervals(final, g.whole, g.steady_fan),
+        intervals=intervals(final, g.whole, g.steady_fan, own_cov),
     )
 
 
@@ -795,6 +884,48 @@ class _Joint:
     models: list[StageModel]
     cost: float
     mem_models: list[StageModel | None]  # each GPU's memory model (its own stage and the node's inlet)
+    # each GPU's own-parameter covariances with the inlet's uncertainty in them (_joint_covariance; whole window)
+    own_covs: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+
+def _joint_covariance(
+    x: np.ndarray,
+    jac: np.ndarray,
+    res: np.ndarray,
+    series: list[Series],
+    bandwidth_s: float,
+    slices: list[slice],
+    own_sizes: list[int],
+    bounds: tuple[np.ndarray, np.ndarray],
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each GPU's own-parameter covariances (:func:`sandwich_covariance`'s pair) from the node's joint fit,
+    the shared inlet's two parameters free: the figures :func:`intervals` gives are then not conditional
+    on the inlet as fitted. Held at the inlet, a recording shorter than τ_in splits its rise between the
+    inlet and each GPU's slow stage one way with a narrow interval, another recording another way; freed,
+    the interval holds what the data cannot split. Matrices of NaN where the fit's information is
+    singular (the figures are then undetermined)."""
+    lo, hi = bounds
+    span = hi - lo
+    free = (x > lo + 1e-6 * span) & (x < hi - 1e-6 * span)
+    found = sandwich_covariance(jac[:, free], res, series, bandwidth_s)
+    out = []
+    for full_free in found if found is not None else (None, None):
+        cov = np.full((len(x), len(x)), np.nan)
+        if full_free is not None:
+            cov[np.ix_(free, free)] = full_free
+        out.append(cov)
+    per_gpu = []
+    for s, size in zip(slices, own_sizes, strict=True):
+        pair = []
+        for cov in out:
+            own = cov[s.start : s.start + size, s.start : s.start + size].copy()
+            # a parameter at its bound is held there (intervals reports its figures at the bound)
+            held = ~free[s.start : s.start + size]
+            own[held, :] = 0.0
+            own[:, held] = 0.0
+            pair.append(own)
+        per_gpu.append((pair[0], pair[1]))
+    return per_gpu
 
 
 # one start of the joint fit: the inlet, each GPU's own model and each GPU's memory model (None: no memory)
@@ -927,7 +1058,22 @@ def _fit_joint(gpus: list[_Gpu], names: list[str], starts: list[JointStart], who
     fitted = [models_of(x, i) for i in range(len(gpus))]
     inlet = Inlet(float(x[0]), math.exp(x[1]))
     cost = float(np.sum(residuals(x, quantized) ** 2))
-    return _Joint(inlet, [f[0] for f in fitted], cost, [f[1] for f in fitted])
+    own_covs = None
+    if whole:
+        # the series of each GPU's rows: its die's and its memory's (its order row, a constraint that holds
+        # no time, is in none: weight 1, no score)
+        t0_ns = min(p.t0_ns for p in problems)
+        series = []
+        for i, (p, mem) in enumerate(zip(problems, mems, strict=True)):
+            start, die = int(rows[i]), len(p.steps)
+            series.append(Series(slice(start, start + die), own_sizes[i], series_time_s(p, t0_ns)))
+            if mem is not None:
+                series.append(Series(slice(start + die + 1, int(rows[i + 1])), 4, series_time_s(mem, t0_ns)))
+        bandwidth_s = max(memory_s(m) for m, _ in fitted)
+        own_covs = _joint_covariance(
+            x, jacobian(x, False), residuals(x, False), series, bandwidth_s, slices, own_sizes, (lo_all, hi_all)
+        )
+    return _Joint(inlet, [f[0] for f in fitted], cost, [f[1] for f in fitted], own_covs)
 
 
 def _inlet_name(g: _Gpu) -> str:
@@ -1046,7 +1192,8 @@ def _fit_staged_node(members: list[StagedInput], holdout: float) -> list[StagedF
         if accepted is not None and gpu in joint_gpus:
             k = joint_gpus.index(gpu)
             held_models, joint, verdict = accepted
-            out.append(_finish(gpu, held_models[k], joint.models[k], holdout, [verdict]))
+            own_cov = joint.own_covs[k] if joint.own_covs is not None else None
+            out.append(_finish(gpu, held_models[k], joint.models[k], holdout, [verdict], own_cov))
             continue
         held_model = gpu.fitted[gpu.choice]
         final = _fit(gpu.choice, gpu.whole, [held_model], gpu.steady_fan) or held_model

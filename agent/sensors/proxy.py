@@ -2,8 +2,8 @@
 
 Every value is stored with ``source=proxy`` so nobody mistakes it for a measurement.
 
-Fan-cooled GPUs (NVML reports a fan duty) use the fan law, sound power grows with the fifth power
-of fan speed (cpemma fan laws; Levitronix: +10 % speed ≈ +2 dB)::
+Fan-cooled GPUs (NVML reports a fan duty) use the fan law (``gpuprobe.fanlaw``), sound power grows with
+the fifth power of fan speed (cpemma fan laws; Levitronix: +10 % speed ≈ +2 dB)::
 
     L_fan = L_rated + 50·log10(fan_pct / 100)          L_rated: dBA of the GPU's fans at 100 %
 
@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuprobe.fanlaw import fan_law_dba
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 AIR_DENSITY_KG_PER_M3 = 1.2
@@ -57,11 +58,6 @@ def sum_db(levels: Sequence[float]) -> float:
     """Incoherent sum of sound levels: 10·log10 Σ 10^(L/10); -inf for no sources."""
     total = sum(10 ** (level / 10) for level in levels if level != -math.inf)
     return 10 * math.log10(total) if total > 0 else -math.inf
-
-
-def fan_law_dba(fan_pct: float, rated_dba: float) -> float:
-    """Level of fans at ``fan_pct`` % of full speed whose level at 100 % is ``rated_dba``."""
-    return rated_dba + 50 * math.log10(fan_pct / 100) if fan_pct > 0 else -math.inf
 
 
 def chassis_speed_pct(power_w: float, p: ProxyParams) -> float:

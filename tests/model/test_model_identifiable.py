@@ -94,8 +94,13 @@ def test_the_r_th_t_amb_correlation_tells_one_load_from_a_step() -> None:
     assert stepped is not None and abs(stepped) < 0.99
 
 
-def real_gpus(path: Path, gpus: tuple[str, ...], columns: str = "") -> list[tuple[np.ndarray, ...]]:
-    options = ReadOptions(zone=parse_timezone("UTC"), host="h", columns=parse_columns([columns] if columns else []))
+def real_gpus(
+    path: Path, gpus: tuple[str, ...], columns: str = "", expect: str = "nvidia"
+) -> list[tuple[np.ndarray, ...]]:
+    """Each GPU's time, temperature and power, read by the importer's reader (``expect``: its command's
+    format, ``amd`` for ``import amd-smi``)."""
+    parsed = parse_columns([columns] if columns else [])
+    options = ReadOptions(zone=parse_timezone("UTC"), host="h", columns=parsed, expect=expect)
     series: dict[str, list[tuple[int, float, float]]] = {gpu: [] for gpu in gpus}
     for row in open_source(path, options).rows():
         if isinstance(row, Row) and row.gpu in series and {"temp_c", "power_w"} <= row.fields.keys():
@@ -105,6 +110,16 @@ def real_gpus(path: Path, gpus: tuple[str, ...], columns: str = "") -> list[tupl
         a = np.array(series[gpu])
         out.append((a[:, 0].astype(np.int64), a[:, 1], a[:, 2]))
     return out
+
+
+def fit_real_node(path: Path, gpus: tuple[str, ...], columns: str = "", expect: str = "nvidia") -> list[ThermalFit]:
+    """A real node's GPUs fitted together, as ``gpuprobe model`` does (the node's power: their sum, so the
+    inlet stage is fitted; held-out F = 0.4)."""
+    data = real_gpus(path, gpus, columns, expect)
+    times = data[0][0]
+    node = sum(np.interp(times, t, p) for t, _, p in data)
+    inputs = [ThermalInput(t, temp, p, None, True, node_w=np.interp(t, times, node)) for t, temp, p in data]
+    return fit_thermal_node(inputs, holdout=0.4)
 
 
 def test_real_h100nvl_idle_gpu_cannot_tell_and_the_loaded_one_fits(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_model_identifiable import R_TH, T_AMB, TAU_S, first_order, fit, gpu_result, real_gpus
+from test_model_identifiable import R_TH, T_AMB, TAU_S, first_order, fit, fit_real_node, gpu_result
 
 from gpuprobe.model.output import _gpu_fields
-from gpuprobe.model.thermal import ThermalFit, ThermalInput, fit_thermal_node
+from gpuprobe.model.thermal import ThermalFit
 from gpuprobe.model.thermal_stages import Stage, StageModel, intervals, make_problem
 
 pytestmark = pytest.mark.slow  # seconds per GPU
@@ -74,11 +74,7 @@ def fit_h100_node(name: str) -> list[ThermalFit]:
     """The node's eight GPUs fitted together, as ``gpuprobe model`` does (the node's power: their sum)."""
     from import_helpers import realdata  # the importer tests' realdata lookup (test_model_identifiable's path)
 
-    data = real_gpus(realdata(name), tuple(str(i) for i in range(8)), H100_COLUMNS)
-    times = data[0][0]
-    node = sum(np.interp(times, t, p) for t, _, p in data)
-    inputs = [ThermalInput(t, temp, p, None, True, node_w=np.interp(t, times, node)) for t, temp, p in data]
-    return fit_thermal_node(inputs, holdout=0.4)
+    return fit_real_node(realdata(name), tuple(str(i) for i in range(8)), H100_COLUMNS)
 
 
 def test_real_h100_recordings_report_r_th_intervals_or_say_they_cannot_pin_it() -> None:
@@ -91,3 +87,12 @@ def test_real_h100_recordings_report_r_th_intervals_or_say_they_cannot_pin_it() 
     # the warm start at ~400 W cannot pin R_th, and says so instead of giving a number and an interval
     for f in by_recording["158 s"]:
         assert f.cannot_tell == "not identifiable (no load step)" and f.intervals == {}
+    # the issue's criterion: each GPU's intervals of the recordings that pin R_th overlap (the errors'
+    # correlation in time and across the node's GPUs, and the inlet's uncertainty, are in them)
+    for gpu in range(8):
+        long, short = (by_recording[label][gpu].intervals["r_th_c_per_w"] for label in ("1348 s", "266 s"))
+        assert long.low is not None and long.high is not None and short.low is not None and short.high is not None
+        assert long.low <= short.high and short.low <= long.high, (gpu, long, short)
+        # the docs' table (docs/models.md, "Real hardware"; `pytest -s` shows it)
+        values = [by_recording[label][gpu].r_th_c_per_w for label in ("1348 s", "266 s")]
+        print(f"GPU {gpu}: {values[0]:.4f} ({long.text('.4f')}) | {values[1]:.4f} ({short.text('.4f')})")

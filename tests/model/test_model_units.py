@@ -124,6 +124,8 @@ def test_calibration_recovers_offset_slope_and_r2() -> None:
     assert c.slope == pytest.approx(0.9, abs=0.01) and c.intercept_db == pytest.approx(10.0, abs=0.6)
     assert c.r2 is not None and c.r2 > 0.99
     assert c.offset_db == pytest.approx(float(np.mean(mic - proxy)))
+    # the fan law's exponent the microphone supports, stored with the calibration: 0.9 of the proxy's 50
+    assert c.fan_law_db_per_decade == pytest.approx(0.9 * 50, abs=0.5)
     assert calibrate(mic[:4], proxy[:4]) is None
 
 
