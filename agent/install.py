@@ -35,6 +35,7 @@ from gpuprobe.systemd import (
     render_unit,
     secret_files_note,
     staged_path,
+    staging_root,
     toml_value,
     write_install_files,
 )
@@ -214,7 +215,7 @@ def run(values: dict[str, Any], check_config: Callable[[str], str | None]) -> in
         # what the agent would refuse at every start (and systemd restart without end): refused here
         return fail(f"the agent would refuse this configuration: {refused}")
     unit_text = render_agent_unit(values, executable)
-    root: Path | None = values["root"]
+    root = staging_root(values["root"])
     files = {
         staged_path(root, UNIT_PATH): (unit_text, 0o644),
         staged_path(root, CONFIG_PATH): (config_text, 0o644),

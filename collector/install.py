@@ -30,6 +30,7 @@ from gpuprobe.systemd import (
     render_unit,
     secret_files_note,
     staged_path,
+    staging_root,
     toml_value,
     write_install_files,
 )
@@ -153,7 +154,7 @@ def run(values: dict[str, Any], args: argparse.Namespace, check_config: Callable
         # what the collector would refuse at every start (and systemd restart without end): refused here
         return fail(f"the collector would refuse this configuration: {refused}")
     unit_text = render_collector_unit(values, executable)
-    root: Path | None = values["root"]
+    root = staging_root(values["root"])
     files = {
         staged_path(root, UNIT_PATH): (unit_text, 0o644),
         staged_path(root, CONFIG_PATH): (config_text, 0o644),

@@ -136,6 +136,12 @@ def watchdog_interval_s(environ: dict[str, str] | None = None) -> float | None:
         return None
 
 
+def staging_root(root: Path | None) -> Path | None:
+    """``--root DIR`` as the installers use it: None for the machine itself, ``--root /`` included (a
+    script that stages under ``"$ROOT/"`` runs unchanged on the host with ROOT empty)."""
+    return None if root is None or root.resolve() == Path("/") else root
+
+
 def staged_path(root: Path | None, absolute: str) -> Path:
     """``/etc/gpuprobe/agent.toml`` under ``--root DIR`` (or the real path when root is None)."""
     return Path(absolute) if root is None else root / absolute.lstrip("/")

@@ -16,6 +16,8 @@ import pytest
 from agent_helpers import AgentFactory, Receiver, machine
 from support import clean_env, gpuprobe_command
 
+from gpuprobe.systemd import staging_root
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -286,3 +288,9 @@ def test_install_warns_for_a_program_under_any_path_the_unit_hides(tmp_path: Pat
     finally:
         shutil.rmtree(outside)
     assert fine.returncode == 0 and "warning:" not in fine.stdout, fine.stdout
+
+
+def test_a_root_of_slash_is_the_machine_itself(tmp_path: Path) -> None:
+    # docs/setup.md's production blocks pass --root "$ROOT/", which is / on the node itself: no staging
+    assert staging_root(Path("/")) is None and staging_root(Path("//")) is None and staging_root(None) is None
+    assert staging_root(tmp_path) == tmp_path
