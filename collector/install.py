@@ -75,7 +75,13 @@ INSTALL_OPTIONS = [
         metavar="FILE",
     ),
     Option("tokens_file", "per-agent tokens file written to the config", Path, metavar="FILE"),
-    Option("metrics_listen", "Prometheus endpoint written to the config", default="0.0.0.0:9447", metavar="HOST:PORT"),
+    Option(
+        "metrics_listen",
+        "Prometheus endpoint written to the config; the metrics have no authentication, so the default is this host"
+        " only: give an address Prometheus reaches (0.0.0.0:9447) where a firewall keeps the others out",
+        default="127.0.0.1:9447",
+        metavar="HOST:PORT",
+    ),
     Option("workers", "collector processes on the port", int, default=1, metavar="N"),
     Option("watchdog", "systemd watchdog timeout, in whole seconds", parse_whole_seconds, 30),
 ]
