@@ -44,6 +44,10 @@ UNIT_PATH = "/etc/systemd/system/gpuprobe-agent.service"
 CONFIG_PATH = "/etc/gpuprobe/agent.toml"
 SYSUSERS_PATH = "/etc/sysusers.d/gpuprobe-agent.conf"
 STATE_DIRECTORY = "gpuprobe/agent"  # /var/lib/gpuprobe/agent
+# NVIDIA's driver services, where the node has them: the agent starts after them, so that at boot it
+# finds NVML answering (persistenced starts once the driver is loaded) and, on NVSwitch systems, the
+# fabric up for probes. After= only: a node without them (or with them disabled) is not changed.
+NVIDIA_SERVICES = ("nvidia-persistenced.service", "nvidia-fabricmanager.service")
 SPOOL_DIR = "/var/lib/gpuprobe/agent/spool"
 TRAINER_SOCKET = "/var/lib/gpuprobe/agent/trainer.sock"
 CONTROL_DIR = "/var/lib/gpuprobe/agent/control"  # with --broker: inside the StateDirectory
@@ -156,6 +160,7 @@ def render_agent_unit(values: dict[str, Any], executable: Path) -> str:
         exec_start=[str(executable), "--config", CONFIG_PATH, "agent"],
         user=values["user"],
         state_directory=STATE_DIRECTORY,
+        after_only=NVIDIA_SERVICES,
         watchdog_s=int(values["watchdog"]),
         timeout_stop_s=stop_s,
         supplementary_groups=("audio",) if values["mic_device"] else (),

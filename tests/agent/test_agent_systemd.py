@@ -47,6 +47,9 @@ def test_install_writes_a_hardened_unit_that_systemd_analyze_accepts(tmp_path: P
         "ProtectSystem=strict",
         "NoNewPrivileges=yes",
         "TimeoutStopSec=30",
+        # after NVIDIA's driver services where there are some (NVML answers at boot), without wanting them
+        "After=network-online.target nvidia-persistenced.service nvidia-fabricmanager.service",
+        "Wants=network-online.target",
     ]:
         assert line in text.splitlines(), f"{line} missing from the unit"
     exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
