@@ -5,7 +5,8 @@ folder for ``$TRIAL``, the source tree for ``$SRC`` and free ports; ``gpuprobe``
 first on PATH. It ends with a stored probe in InfluxDB and a model report, over mutual TLS and tokens
 (collector) and TLS and passwords (Mosquitto).
 
-Production: the first line (``export ROOT=…``) gets a temporary folder for ``$ROOT``, a clean machine
+Installing and production: "Installing gpuprobe" runs with ``HOME`` a temporary folder; in
+"Production" the first line (``export ROOT=…``) gets a temporary folder for ``$ROOT``, a clean machine
 layout; the lines the page marks ``# needs systemd running`` are left out (no systemd runs here)."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ EXPORT = re.compile(r"^export TRIAL=.*$", re.M)
 PORTS = ("INFLUX_PORT", "INFLUX_RPC_PORT", "MQTT_PORT", "COLLECTOR_PORT", "METRICS_PORT")
 
 
+INSTALLING = "## Installing gpuprobe"
 PRODUCTION = "## Production"
 PRODUCTION_EXPORT = re.compile(r"^export ROOT=.*$", re.M)
 NEEDS_SYSTEMD = "# needs systemd running"
@@ -167,7 +169,7 @@ def test_production_leaves_out_only_what_needs_systemd() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_the_production_commands_of_docs_setup_md_install_upgrade_and_uninstall_under_a_root(tmp_path: Path) -> None:
+def test_the_install_and_production_commands_of_docs_setup_md_run_under_a_temporary_root(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("systemd-sysusers and userdel write the root's user database as root only")
     root = tmp_path / "root"
@@ -187,13 +189,26 @@ def test_the_production_commands_of_docs_setup_md_install_upgrade_and_uninstall_
     if _setuptools_major() >= 77:  # pyproject.toml's build-system requires
         env["PIP_NO_BUILD_ISOLATION"] = "0"  # pip's spelling of --no-build-isolation
 
-    def run(blocks: list[str]) -> str:
+    def run(blocks: list[str], home: Path | None = None) -> str:
         script = "set -euo pipefail\n" + PRODUCTION_EXPORT.sub(export, "\n".join(blocks), count=1)
         done = subprocess.run(
-            ["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=150, check=False
+            ["bash", "-c", script],
+            cwd=ROOT,
+            env={**env, "HOME": str(home)} if home else env,
+            capture_output=True,
+            text=True,
+            timeout=150,
+            check=False,
         )
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         return done.stdout + done.stderr
+
+    # "Installing gpuprobe": the trial's environment in the home folder, every extra
+    home = tmp_path / "home"
+    home.mkdir()
+    installed = run(section_blocks(INSTALLING), home)
+    assert re.search(r"^gpuprobe \d+\.\d+", installed, re.M), installed
+    assert (home / "gpuprobe-venv/bin/gpuprobe").exists()
 
     output = run(install)
     venv = root / "opt/gpuprobe"
