@@ -183,7 +183,7 @@ class Agent:
         )
         self.notifier.ready(status=f"sampling {len(self.infos)} GPUs at {hz:g} Hz")
 
-        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(sampler_died.wait())]
+        waits: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait()), asyncio.create_task(sampler_died.wait())]
         nvml_back = None
         if gpus is None and s.nvml_retry_s > 0:
             nvml_back = asyncio.create_task(self._nvml_answers(s.nvml_retry_s), name="gpuprobe-nvml-retry")
