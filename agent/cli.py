@@ -219,6 +219,13 @@ AGENT_OPTIONS = [
         parse_duration,
         300.0,
     ),
+    Option(
+        "nvml_retry",
+        "without NVML at start (no driver yet), try it again this often; once it answers the agent starts"
+        " again in the same process, with its GPUs (0: never, the host and acoustics only)",
+        parse_duration,
+        30.0,
+    ),
     Option("hwmon_dir", "where the hwmon sensors are (sysfs)", Path, Path("/sys/class/hwmon"), metavar="DIR"),
     Option("check", "validate the configuration, print the effective settings and exit", is_flag=True, default=False),
     *_fleet_options(),
@@ -236,9 +243,20 @@ def _run_agent(values: dict[str, Any], args: argparse.Namespace) -> int:
     if values["check"]:
         print(settings.describe())
         return 0
-    from gpuprobe.agent.service import Agent
+    from gpuprobe.agent.service import RESTART, Agent
 
-    return Agent(settings).run()
+    code = Agent(settings).run()
+    if code == RESTART:
+        # NVML answers now: the same program again, in this process (systemd's main PID and its notify
+        # socket stay), which opens the GPUs; everything was stopped and spooled before
+        import logging
+        import os
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    return code
 
 
 def _run_install(values: dict[str, Any], args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from gpuprobe.systemd import (
     render_unit,
     secret_files_note,
     staged_path,
+    staging_root,
     toml_value,
     write_install_files,
 )
@@ -43,6 +44,10 @@ UNIT_PATH = "/etc/systemd/system/gpuprobe-agent.service"
 CONFIG_PATH = "/etc/gpuprobe/agent.toml"
 SYSUSERS_PATH = "/etc/sysusers.d/gpuprobe-agent.conf"
 STATE_DIRECTORY = "gpuprobe/agent"  # /var/lib/gpuprobe/agent
+# NVIDIA's driver services, where the node has them: the agent starts after them, so that at boot it
+# finds NVML answering (persistenced starts once the driver is loaded) and, on NVSwitch systems, the
+# fabric up for probes. After= only: a node without them (or with them disabled) is not changed.
+NVIDIA_SERVICES = ("nvidia-persistenced.service", "nvidia-fabricmanager.service")
 SPOOL_DIR = "/var/lib/gpuprobe/agent/spool"
 TRAINER_SOCKET = "/var/lib/gpuprobe/agent/trainer.sock"
 CONTROL_DIR = "/var/lib/gpuprobe/agent/control"  # with --broker: inside the StateDirectory
@@ -155,6 +160,7 @@ def render_agent_unit(values: dict[str, Any], executable: Path) -> str:
         exec_start=[str(executable), "--config", CONFIG_PATH, "agent"],
         user=values["user"],
         state_directory=STATE_DIRECTORY,
+        after_only=NVIDIA_SERVICES,
         watchdog_s=int(values["watchdog"]),
         timeout_stop_s=stop_s,
         supplementary_groups=("audio",) if values["mic_device"] else (),
@@ -214,7 +220,7 @@ def run(values: dict[str, Any], check_config: Callable[[str], str | None]) -> in
         # what the agent would refuse at every start (and systemd restart without end): refused here
         return fail(f"the agent would refuse this configuration: {refused}")
     unit_text = render_agent_unit(values, executable)
-    root: Path | None = values["root"]
+    root = staging_root(values["root"])
     files = {
         staged_path(root, UNIT_PATH): (unit_text, 0o644),
         staged_path(root, CONFIG_PATH): (config_text, 0o644),

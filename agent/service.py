@@ -58,6 +58,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuprobe.agent")
 
 
+#: what :meth:`Agent.run` returns when NVML answered after a start without it: the caller runs the agent
+#: again (``agent/cli.py`` re-executes it), which opens the GPUs
+RESTART = 75
+
+
 def void(_value: object) -> None:
     """Discards a value (a callback's result nobody needs)."""
 
@@ -178,10 +183,15 @@ class Agent:
         )
         self.notifier.ready(status=f"sampling {len(self.infos)} GPUs at {hz:g} Hz")
 
-        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(sampler_died.wait())]
+        waits: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait()), asyncio.create_task(sampler_died.wait())]
+        nvml_back = None
+        if gpus is None and s.nvml_retry_s > 0:
+            nvml_back = asyncio.create_task(self._nvml_answers(s.nvml_retry_s), name="gpuprobe-nvml-retry")
+            waits.append(nvml_back)
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        restart = nvml_back is not None and nvml_back.done() and not stop.is_set()
         await _cancel(waits)
-        code = 0
+        code = RESTART if restart and sampler.failure is None else 0
         if sampler.failure is not None:
             # streaming on without samples would look healthy to the collector; under systemd the
             # watchdog would end it too, only later (Restart=on-failure starts it again either way)
@@ -236,6 +246,20 @@ class Agent:
         )
         self.identity = ident
         return gpus
+
+    async def _nvml_answers(self, every_s: float) -> None:
+        """Returns once NVML answers (a driver loaded after the agent started, at boot): tried every
+        ``every_s`` in a thread, the sensor closed again (the agent starts again to sample the GPUs)."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                found = await asyncio.to_thread(GpuSensor.open)
+            except Exception:  # GpuSensorError, or NVML half there (a driver loading): the next try tells
+                continue
+            count = len(found.infos)
+            found.close()
+            log.warning("NVML answers now (%d GPUs): the agent starts again to sample them", count)
+            return
 
     def _start_microphone(self) -> Microphone | None:
         s = self.settings

@@ -98,6 +98,7 @@ class AgentSettings:
     pcie_interval_s: float
     hwmon_dir: Path
     health_interval_s: float = 1.0  # 0: no health reads (ECC, NVLink, GPM, MIG, processes)
+    nvml_retry_s: float = 30.0  # without NVML at start: how often to try again (0: never)
     resolution: str = "auto"  # auto: aggregates outside high-resolution windows; full: every sample
     aggregate_interval_s: float = 1.0
     hires_after_s: float = 300.0  # a window's length after its last trigger
@@ -153,6 +154,7 @@ class AgentSettings:
             pcie_interval_s=float(v["pcie_interval"]),
             hwmon_dir=Path(v["hwmon_dir"]),
             health_interval_s=float(v["health_interval"]),
+            nvml_retry_s=float(v["nvml_retry"]),
             resolution=str(v["resolution"]),
             aggregate_interval_s=float(v["aggregate_interval"]),
             hires_after_s=float(v["hires_after"]),

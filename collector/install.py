@@ -30,6 +30,7 @@ from gpuprobe.systemd import (
     render_unit,
     secret_files_note,
     staged_path,
+    staging_root,
     toml_value,
     write_install_files,
 )
@@ -74,7 +75,13 @@ INSTALL_OPTIONS = [
         metavar="FILE",
     ),
     Option("tokens_file", "per-agent tokens file written to the config", Path, metavar="FILE"),
-    Option("metrics_listen", "Prometheus endpoint written to the config", default="0.0.0.0:9447", metavar="HOST:PORT"),
+    Option(
+        "metrics_listen",
+        "Prometheus endpoint written to the config; the metrics have no authentication, so the default is this host"
+        " only: give an address Prometheus reaches (0.0.0.0:9447) where a firewall keeps the others out",
+        default="127.0.0.1:9447",
+        metavar="HOST:PORT",
+    ),
     Option("workers", "collector processes on the port", int, default=1, metavar="N"),
     Option("watchdog", "systemd watchdog timeout, in whole seconds", parse_whole_seconds, 30),
 ]
@@ -153,7 +160,7 @@ def run(values: dict[str, Any], args: argparse.Namespace, check_config: Callable
         # what the collector would refuse at every start (and systemd restart without end): refused here
         return fail(f"the collector would refuse this configuration: {refused}")
     unit_text = render_collector_unit(values, executable)
-    root: Path | None = values["root"]
+    root = staging_root(values["root"])
     files = {
         staged_path(root, UNIT_PATH): (unit_text, 0o644),
         staged_path(root, CONFIG_PATH): (config_text, 0o644),

@@ -271,6 +271,10 @@ def send_start(
         async with operator_side.Session(broker) as session:
             presences = await operator_side.fleet(session)
             expect = operator_side.expected_hosts(presences, start.selector)
+            if not expect:
+                # agents offline when it is published never see a command (docs/control.md): sending it
+                # would only wait --wait seconds for no reply
+                return _error(name, operator_side.no_agent_selected(presences, start.selector), 1)
             for warning in operator_side.health_warnings(presences, expect, list(start.gpu_indices)):
                 print(f"gpuprobe {name}: warning: {warning}", file=sys.stderr, flush=True)
             if not values["json"]:

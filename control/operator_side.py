@@ -117,6 +117,19 @@ def expected_hosts(presences: list[control_pb2.AgentPresence], node_selector: co
     }
 
 
+def no_agent_selected(presences: list[control_pb2.AgentPresence], node_selector: control_pb2.NodeSelector) -> str:
+    """Why no online agent is selected: the selector, the online hosts it names but another term excludes,
+    and the online hosts (a command is not sent then)."""
+    online = [p for p in presences if p.state == control_pb2.AGENT_STATE_ONLINE]
+    named = [p.identity.host for p in online if selector.match(node_selector, p.identity)[1]]
+    hosts = ", ".join(p.identity.host for p in online) or "none"
+    return (
+        f"no online agent matches --nodes {selector.describe(node_selector)}, so nothing was sent"
+        + (f" ({', '.join(named)}: named, but another term excludes it)" if named else "")
+        + f"; online: {hosts} (`gpuprobe fleet` lists their labels)"
+    )
+
+
 def health_warnings(presences: list[control_pb2.AgentPresence], hosts: set[str], gpu_indices: list[int]) -> list[str]:
     """What ``probe start`` warns about before it sends: among ``hosts``, the selected GPUs (all of a
     host's when ``gpu_indices`` is empty) that the retained presence shows failed or degraded. The

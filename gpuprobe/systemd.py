@@ -25,7 +25,8 @@ class UnitSpec:
     user: str = "gpuprobe"
     state_directory: str = "gpuprobe"  # /var/lib/<this>, owned by the service user
     watchdog_s: int = 30
-    after: Sequence[str] = ("network-online.target",)
+    after: Sequence[str] = ("network-online.target",)  # wanted and waited for
+    after_only: Sequence[str] = ()  # waited for when they run (After=), never started by this unit
     environment: dict[str, str] = field(default_factory=dict)
     supplementary_groups: Sequence[str] = ()
     device_allow: Sequence[str] = ()  # e.g. /dev/nvidiactl rw, for the agent
@@ -38,7 +39,7 @@ def render_unit(spec: UnitSpec) -> str:
     lines = [
         "[Unit]",
         f"Description={spec.description}",
-        f"After={' '.join(spec.after)}",
+        f"After={' '.join([*spec.after, *spec.after_only])}",
         f"Wants={' '.join(spec.after)}",
         "",
         "[Service]",
@@ -134,6 +135,12 @@ def watchdog_interval_s(environ: dict[str, str] | None = None) -> float | None:
         return int(usec) / 2e6
     except ValueError:
         return None
+
+
+def staging_root(root: Path | None) -> Path | None:
+    """``--root DIR`` as the installers use it: None for the machine itself, ``--root /`` included (a
+    script that stages under ``"$ROOT/"`` runs unchanged on the host with ROOT empty)."""
+    return None if root is None or root.resolve() == Path("/") else root
 
 
 def staged_path(root: Path | None, absolute: str) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from typing import Any
 
 from gpuprobe.influx.lineprotocol import encode_line
@@ -190,60 +191,140 @@ def model_lines(results: Results) -> list[str]:
     return out
 
 
-def _f(value: float | None, spec: str, width: int) -> str:
+def _f(value: float | None, spec: str) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "—".rjust(width)
-    return format(value, spec).rjust(width)
+        return "—"
+    return format(value, spec)
 
 
-def summary_table(results: Results) -> str:
-    """The table printed on the terminal: one row per GPU, one per node, then the fleet totals."""
-    head = (
-        f"{'host':<12} {'gpu':>3} {'model':<24} {'R_th °C/W':>9} {'R_th 90 %':>13} {'τ s':>6} {'T_amb':>6} {'fit':>13} "
-        f"{'RMS':>4} {'held':>4} "
-        f"{'T@limit':>7} {'headroom':>8} {'dBA':>5} {'samples/s':>9} {'J/sample':>9} {'energy J':>9}  flags"
-    )
-    rows = [head, "-" * len(head)]
-    for g in results.gpus:
-        rc = g.thermal.rc
-        e = g.efficiency
-        flags = [*g.flags, *([f"can't tell: {g.thermal.cannot_tell}"] if g.thermal.cannot_tell else [])]
-        r_interval = g.thermal.intervals.get("r_th_c_per_w")
-        flags += [f"{k} {v.text('g')}" for k, v in g.thermal.intervals.items() if v.at_bound]
-        rows.append(
-            f"{g.host:<12.12} {g.gpu:>3} {g.model:<24.24} {_f(rc.r_th_c_per_w if rc else None, '.4f', 9)} "
-            f"{(r_interval.text('.4f') if r_interval else '—')[:13]:>13} "
-            f"{_f(rc.tau_s if rc else None, '.2f', 6)} {_f(rc.t_amb_c if rc else None, '.1f', 6)} "
-            f"{g.thermal.model:>13} {_f(g.thermal.fit_rmse_c, '.2f', 4)} {_f(g.thermal.holdout_rmse_c, '.2f', 4)} "
-            f"{_f(g.t_pred_at_limit_c, '.1f', 7)} {_f(g.headroom_c, '.1f', 8)} "
-            f"{_f(g.acoustic.steady_db if g.acoustic else None, '.1f', 5)} {_f(e.samples_per_s, '.1f', 9)} "
-            f"{_f(e.j_per_sample, '.4f', 9)} {_f(e.probe_energy_j, '.0f', 9)}  {', '.join(flags)}"
-        )
-    rows.append("-" * len(head))
-    for n in results.nodes:
-        rows.append(
-            f"{n.host:<12.12} {'all':>3} {f'{n.gpus} GPUs':<24} {_f(n.r_th_mean_c_per_w, '.4f', 9)} {'':>13} "
-            f"{_f(n.tau_mean_s, '.2f', 6)} {_f(n.t_amb_mean_c, '.1f', 6)} {'':>13} {'':>4} {'':>4} "
-            f"{_f(n.t_pred_at_limit_max_c, '.1f', 7)} "
-            f"{_f(n.headroom_min_c, '.1f', 8)} {_f(n.acoustic.steady_db if n.acoustic else None, '.1f', 5)} "
-            f"{_f(n.samples_per_s, '.1f', 9)} {_f(n.j_per_sample, '.4f', 9)} {_f(n.probe_energy_j, '.0f', 9)}"
-        )
+#: the width the terminal summary keeps within (its table rows, and the text lines, which wrap)
+TERMINAL_COLUMNS = 120
+# The summary's columns: name and alignment; "<" left, ">" right.
+_COLUMNS = (
+    ("gpu", ">"), ("model", "<"), ("R_th °C/W", ">"), ("R_th 90 %", ">"), ("τ s", ">"), ("T_amb", ">"),
+    ("fit", ">"), ("RMS", ">"), ("held", ">"), ("T@limit", ">"), ("headroom", ">"), ("dBA", ">"),
+    ("samples/s", ">"), ("J/sample", ">"), ("energy J", ">"),
+)  # fmt: skip
+#: the columns the terminal leaves to the HTML report and the JSON, in this order, while its table is wider
+#: than TERMINAL_COLUMNS (the GPU model then shortens to what is left, "…" where it is cut)
+TERMINAL_DROP_ORDER = ("T_amb", "held", "J/sample", "R_th 90 %")
+_MODEL_MIN = 12  # the narrowest the GPU model column gets before columns go
+_INDENT = "  "  # a host's rows under its heading
+
+
+def short_model(name: str) -> str:
+    """A GPU model as the terminal shows it: without the "NVIDIA " every NVML name starts with."""
+    return name.removeprefix("NVIDIA ").strip() or name
+
+
+def _gpu_cells(g: GpuResult) -> list[str]:
+    rc, e = g.thermal.rc, g.efficiency
+    interval = g.thermal.intervals.get("r_th_c_per_w")
+    return [
+        g.gpu, short_model(g.model), _f(rc.r_th_c_per_w if rc else None, ".4f"),
+        interval.text(".4f") if interval else "—", _f(rc.tau_s if rc else None, ".2f"),
+        _f(rc.t_amb_c if rc else None, ".1f"), g.thermal.model, _f(g.thermal.fit_rmse_c, ".2f"),
+        _f(g.thermal.holdout_rmse_c, ".2f"), _f(g.t_pred_at_limit_c, ".1f"), _f(g.headroom_c, ".1f"),
+        _f(g.acoustic.steady_db if g.acoustic else None, ".1f"), _f(e.samples_per_s, ".1f"),
+        _f(e.j_per_sample, ".4f"), _f(e.probe_energy_j, ".0f"),
+    ]  # fmt: skip
+
+
+def _node_cells(n: NodeResult) -> list[str]:
+    return [
+        "all", f"{n.gpus} GPUs", _f(n.r_th_mean_c_per_w, ".4f"), "", _f(n.tau_mean_s, ".2f"),
+        _f(n.t_amb_mean_c, ".1f"), "", "", "", _f(n.t_pred_at_limit_max_c, ".1f"), _f(n.headroom_min_c, ".1f"),
+        _f(n.acoustic.steady_db if n.acoustic else None, ".1f"), _f(n.samples_per_s, ".1f"),
+        _f(n.j_per_sample, ".4f"), _f(n.probe_energy_j, ".0f"),
+    ]  # fmt: skip
+
+
+def _gpu_flags(g: GpuResult) -> list[str]:
+    flags = [*g.flags, *([f"can't tell: {g.thermal.cannot_tell}"] if g.thermal.cannot_tell else [])]
+    return flags + [f"{k} {v.text('g')}" for k, v in g.thermal.intervals.items() if v.at_bound]
+
+
+def _layout(rows: list[list[str]], width: int) -> tuple[list[int], list[int], list[str]]:
+    """Which columns the terminal shows, their widths, and the ones left to the HTML and the JSON: the
+    columns of TERMINAL_DROP_ORDER go one by one while the rows are wider than ``width``, then the GPU
+    model column narrows to what is left."""
+    widths = [max([len(name), *(len(r[i]) for r in rows)]) for i, (name, _) in enumerate(_COLUMNS)]
+    model = [name for name, _ in _COLUMNS].index("model")
+    keep = list(range(len(_COLUMNS)))
+    dropped: list[str] = []
+
+    def total(model_width: int) -> int:
+        return len(_INDENT) + sum(model_width if i == model else widths[i] for i in keep) + len(keep) - 1
+
+    for name in TERMINAL_DROP_ORDER:
+        if total(min(widths[model], _MODEL_MIN)) <= width:
+            break
+        keep.remove([n for n, _ in _COLUMNS].index(name))
+        dropped.append(name)
+    widths[model] = max(len("model"), min(widths[model], widths[model] - (total(widths[model]) - width)))
+    return keep, widths, dropped
+
+
+def _cells_line(cells: list[str], keep: list[int], widths: list[int]) -> str:
+    out = []
+    for i in keep:
+        cell, w = cells[i], widths[i]
+        cell = cell if len(cell) <= w else cell[: w - 1] + "…"
+        out.append(cell.ljust(w) if _COLUMNS[i][1] == "<" else cell.rjust(w))
+    return (_INDENT + " ".join(out)).rstrip()
+
+
+def wrapped(lines: list[str], width: int = TERMINAL_COLUMNS) -> list[str]:
+    """Text lines wrapped to ``width``, each continuation 4 spaces deeper than its line (so that it never
+    reads as the next line of a list)."""
+    out: list[str] = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out.extend(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""])
+    return out
+
+
+def summary_table(results: Results, width: int = TERMINAL_COLUMNS) -> str:
+    """The table printed on the terminal, within ``width`` columns: each host heads its GPUs' rows and the
+    node's row (``all``), a GPU's flags on the line under its row; then the fleet totals, the outliers and
+    the notes. The GPU model loses its "NVIDIA " and the least needed columns go to the HTML report and
+    the JSON (:data:`TERMINAL_DROP_ORDER`, named on a line above the table) when the rows would be wider."""
+    hosts = list(dict.fromkeys([*(g.host for g in results.gpus), *(n.host for n in results.nodes)]))
+    gpu_rows = {id(g): _gpu_cells(g) for g in results.gpus}
+    node_rows = {n.host: _node_cells(n) for n in results.nodes}
+    keep, widths, dropped = _layout([*gpu_rows.values(), *node_rows.values()], width)
+    head = _cells_line([name for name, _ in _COLUMNS], keep, widths)
+    above = [f"in the HTML report and the JSON only: {', '.join(dropped)}"] if dropped else []
+    rows = [*wrapped(above, width), head, _INDENT + "-" * (len(head) - len(_INDENT))]
+    for host in hosts:
+        rows.append(host)
+        for g in (g for g in results.gpus if g.host == host):
+            rows.append(_cells_line(gpu_rows[id(g)], keep, widths))
+            flags = _gpu_flags(g)
+            if flags:
+                rows += wrapped([f"{_INDENT}    flags: {', '.join(flags)}"], width)
+        n = next((n for n in results.nodes if n.host == host), None)
+        if n is None:
+            continue
+        rows.append(_cells_line(node_rows[host], keep, widths))
         if n.calibration is not None:
             c = n.calibration
             slope = "—" if c.slope is None else f"{c.slope:.3f} (fan law {c.fan_law_db_per_decade:.0f} dB/decade)"
             r2 = "—" if c.r2 is None else f"{c.r2:.3f}"
-            rows.append(
-                f"{'':<12} microphone: proxy + {c.offset_db:.2f} dB (±{c.offset_stderr_db:.2f}); "
-                f"slope {slope}, R² {r2}, {c.pairs} pairs"
+            rows += wrapped(
+                [
+                    f"{_INDENT}    microphone: proxy + {c.offset_db:.2f} dB (±{c.offset_stderr_db:.2f}); "
+                    f"slope {slope}, R² {r2}, {c.pairs} pairs"
+                ],
+                width,
             )
     f = results.fleet
     cost = "—" if f.cost is None else f"{f.cost:.2f} (at {f.price_per_gpu_hour:g}/GPU-hour)"
-    rows.append(
+    text = [
         f"fleet: {f.gpus} GPUs on {f.nodes} nodes, {f.duration_s:.0f} s; energy {f.probe_energy_j:.0f} J = "
         f"{f.kwh:.6f} kWh (PUE {f.pue:g}); {f.kg_co2e * 1000:.2f} g CO2e at {f.grid_kg_per_kwh:g} kg/kWh; "
-        f"{f.gpu_hours:.4f} GPU-hours, cost {cost}"
-    )
-    for o in results.outliers:
-        rows.append(f"stands out: {o.host} gpu {o.gpu} is {o.kind}: {o.text}")
-    rows.extend(f"note: {n}" for n in results.notes)
-    return "\n".join(rows)
+        f"{f.gpu_hours:.4f} GPU-hours, cost {cost}",
+        *(f"stands out: {o.host} gpu {o.gpu} is {o.kind}: {o.text}" for o in results.outliers),
+        *(f"note: {n}" for n in results.notes),
+    ]
+    return "\n".join(rows + wrapped(text, width))

@@ -20,12 +20,12 @@ import dataclasses
 import html
 import io
 import math
-import textwrap
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuprobe.influx.lineprotocol import encode_line
+from gpuprobe.model.output import TERMINAL_COLUMNS, wrapped
 from gpuprobe.model.report import legend_beside
 from gpuprobe.study.analysis import (
     Group,
@@ -281,8 +281,6 @@ def _optimal_lines(report: StudyReport) -> list[str]:
     return lines
 
 
-#: the width the terminal summary keeps within (a table row, and the text lines, which wrap)
-TERMINAL_COLUMNS = 120
 #: the group columns the terminal leaves to the HTML and JSON first, while its table is wider than
 #: TERMINAL_COLUMNS (after the columns with one value in every row, which it says once above the table)
 TERMINAL_DROP_ORDER = ("J/sample", "proxy dBA", "enforced W", "nodes", "peak °C", "refused")
@@ -319,16 +317,6 @@ def terminal_columns(
         lines.append(f"in the HTML report and the JSON only: {', '.join(dropped)}")
     shown_left = sum(1 for i in keep if i < left)
     return [headers[i] for i in keep], [[r[i] for i in keep] for r in rows], shown_left, lines
-
-
-def _wrapped(lines: Sequence[str], width: int = TERMINAL_COLUMNS) -> list[str]:
-    """Text lines wrapped to ``width``, each continuation 4 spaces deeper than its line (a list item of the
-    summary is 2 deep: its continuations never read as the next item)."""
-    out: list[str] = []
-    for line in lines:
-        indent = " " * (len(line) - len(line.lstrip()) + 4)
-        out.extend(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""])
-    return out
 
 
 def summary_table(report: StudyReport) -> str:
@@ -380,13 +368,13 @@ def summary_table(report: StudyReport) -> str:
             out.append(f"  {m.host} gpu {m.gpu or '—'} point {'?' if m.point is None else m.point}: {m.reason}")
     if report.notes:
         out += ["", *(f"note: {n}" for n in report.notes)]
-    return "\n".join(_wrapped(out[:before]) + table + _wrapped(out[before:]))
+    return "\n".join(wrapped(out[:before]) + table + wrapped(out[before:]))
 
 
 # --- HTML ----------------------------------------------------------------------------------------
 
-# Key cells stay on one line (a region or "as is" split reads badly), but the GPU model and the instance
-# type (the first and third columns of the groups table) wrap, so that the table fits a 1400 px page.
+# Key cells stay on one line (a GPU model, a region or "as is" split reads badly); the groups table's
+# configurations are lines across it (tr.config), which leaves its figures the page's width.
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1400px;
 padding:0 24px;color:#202124}
@@ -394,7 +382,7 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bot
 table{border-collapse:collapse;margin:6px 0 12px;font-size:11px}
 th,td{border:1px solid #dadce0;padding:2px 4px;text-align:right} th{background:#f1f3f4}
 td.l,th.l{text-align:left} td.l{white-space:nowrap} .wide{overflow-x:auto}
-td.l:nth-child(1),td.l:nth-child(3){white-space:normal}
+tr.config td{font-weight:600;background:#f8f9fa;text-align:left}
 img{max-width:100%;display:block;margin:8px 0}
 tr.sim td{background:#fff8e1} .sim{color:#9a5b00;font-weight:600}
 .muted{color:#5f6368;font-size:12px} .box{background:#fff8e1;border:1px solid #f0c36d;padding:8px 12px;margin:8px 0}
@@ -435,10 +423,19 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return html.escape(str(value))
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], left: int = 1, sim: Sequence[bool] = ()) -> str:
+def _table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    left: int = 1,
+    sim: Sequence[bool] = (),
+    headings: Sequence[str | None] = (),
+) -> str:
+    """A table; ``headings[n]``, where not None, is a line across the table above row ``n``."""
     head = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>' for i, h in enumerate(headers))
     body = []
     for n, row in enumerate(rows):
+        if n < len(headings) and headings[n] is not None:
+            body.append(f'<tr class="config"><td class="l" colspan="{len(headers)}">{_fmt(headings[n])}</td></tr>')
         cells = []
         for i, v in enumerate(row):
             cls = "l" if i < left else ""
@@ -651,7 +648,11 @@ GROUP_HTML_HEADERS = [
 
 
 def _groups(r: StudyReport) -> Section:
-    rows = []
+    # each configuration (GPU model · workload · instance type · virt · region) is a line over its rows, as
+    # on the terminal, instead of five columns of every row: the table fits the page without wrapping them
+    rows: list[list[Any]] = []
+    headings: list[str | None] = []
+    last = ""
     for g in r.groups:
         k = g.key
         tag = ", ".join(
@@ -663,13 +664,11 @@ def _groups(r: StudyReport) -> Section:
             )
             if on
         )
+        configuration = " · ".join(c for c in (k.gpu_model, k.workload, k.instance_type, k.virt, k.region) if c)
+        headings.append(None if headings and configuration == last else configuration)
+        last = configuration
         rows.append(
             [
-                k.gpu_model,
-                k.workload,
-                k.instance_type or "—",
-                k.virt or "—",
-                k.region or "—",
                 batch_label(k.batch_size),
                 limit_label(k.power_limit),
                 g.gpus,
@@ -696,7 +695,7 @@ def _groups(r: StudyReport) -> Section:
         "GPUs reported (what really ran); headroom: the slowdown threshold minus the steady temperature (where "
         "the window's temperature was heading, as gpuprobe model counts it), the smallest of the GPUs'; cost: price "
         "per hour ÷ 3600 ÷ (samples/s per GPU x GPUs of the node in the study) x 1e6.</p>",
-        _table(GROUP_HTML_HEADERS, rows, left=7, sim=[g.simulated for g in r.groups]),
+        _table(GROUP_HTML_HEADERS[KEY_COLUMNS:], rows, left=2, sim=[g.simulated for g in r.groups], headings=headings),
     ]
 
 
@@ -892,10 +891,15 @@ def _missing(r: StudyReport) -> Section:
 
 
 def _measurements(r: StudyReport) -> Section:
+    # each GPU (host · gpu · GPU model) is a line over its points' rows, not three columns of every row:
+    # the table fits the page with no GPU model wrapped
+    measurements = sorted(r.measurements, key=lambda m: (m.host, m.gpu or ""))  # stable: points stay in order
+    headings = [
+        None if i and (m.host, m.gpu) == (measurements[i - 1].host, measurements[i - 1].gpu) else
+        " · ".join((m.host, f"gpu {m.gpu or '—'}", m.gpu_model))
+        for i, m in enumerate(measurements)
+    ]  # fmt: skip
     headers = [
-        "host",
-        "gpu",
-        "GPU model",
         "point",
         "workload",
         "batch",
@@ -919,9 +923,6 @@ def _measurements(r: StudyReport) -> Section:
     ]
     rows = [
         [
-            m.host,
-            m.gpu or "—",
-            m.gpu_model,
             m.point,
             m.workload,
             batch_label(m.batch_size),
@@ -943,13 +944,13 @@ def _measurements(r: StudyReport) -> Section:
             ", ".join(m.devices) or "—",
             data_label(m.simulated, m.samples_per_s is not None),
         ]
-        for m in r.measurements
+        for m in measurements
     ]
     return [
         "<h2>Every GPU at every point</h2>",
         '<p class="muted">Over each steady window: samples/s = mean of the trainer\'s steady reports of the point; '
         "mean W = energy counter increase ÷ window (else the mean power reading).</p>",
-        _table(headers, rows, left=7, sim=[m.simulated for m in r.measurements]),
+        _table(headers, rows, left=4, sim=[m.simulated for m in measurements], headings=headings),
     ]
 
 

@@ -303,3 +303,21 @@ def _stream_unprivileged_mig(
     points = [p for b in batches.values() for p in b.process_samples if p.pid == holder_pid]
     assert points and points[0].used_memory_bytes == 1 << 30, "the process, from its MIG instance's list"
     assert not re.search(r"reading \w+ failed", log), "no read failure logged"
+
+
+def test_an_agent_started_before_the_driver_samples_the_gpus_once_nvml_answers(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    sim = machine(tmp_path / "sim", ["L4"])
+    conf, hidden = sim.state_dir / "sim.conf", sim.state_dir / "sim.conf.later"
+    conf.rename(hidden)  # no sim.conf: nvmlInit answers DRIVER_NOT_LOADED, as at boot before the driver
+    agent = agent_factory(sim, [receiver.address], "--nvml-retry", "0.5s")
+    agent.wait_for_log(r"NVML is not available.*sampling the host and acoustics only")
+    agent.wait_for_log("streaming to collector")
+    pid = agent.pid
+    hidden.rename(conf)  # the driver is loaded
+    agent.wait_for_log(r"NVML answers now \(1 GPUs\): the agent starts again")
+    agent.wait_for_log(r"agent \S+ \(gpuprobe [^)]*\): 1 GPUs")
+    wait_for_batches(receiver, lambda got: any(b.gpu_samples for b in got.values()), "a GPU sample", agent=agent)
+    assert agent.running() and agent.pid == pid, "the same process (systemd's main PID) samples the GPU"
+    assert agent.terminate() == 0

@@ -16,6 +16,8 @@ import pytest
 from agent_helpers import AgentFactory, Receiver, machine
 from support import clean_env, gpuprobe_command
 
+from gpuprobe.systemd import staging_root
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -45,6 +47,9 @@ def test_install_writes_a_hardened_unit_that_systemd_analyze_accepts(tmp_path: P
         "ProtectSystem=strict",
         "NoNewPrivileges=yes",
         "TimeoutStopSec=30",
+        # after NVIDIA's driver services where there are some (NVML answers at boot), without wanting them
+        "After=network-online.target nvidia-persistenced.service nvidia-fabricmanager.service",
+        "Wants=network-online.target",
     ]:
         assert line in text.splitlines(), f"{line} missing from the unit"
     exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
@@ -286,3 +291,9 @@ def test_install_warns_for_a_program_under_any_path_the_unit_hides(tmp_path: Pat
     finally:
         shutil.rmtree(outside)
     assert fine.returncode == 0 and "warning:" not in fine.stdout, fine.stdout
+
+
+def test_a_root_of_slash_is_the_machine_itself(tmp_path: Path) -> None:
+    # docs/setup.md's production blocks pass --root "$ROOT/", which is / on the node itself: no staging
+    assert staging_root(Path("/")) is None and staging_root(Path("//")) is None and staging_root(None) is None
+    assert staging_root(tmp_path) == tmp_path

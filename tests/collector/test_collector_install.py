@@ -63,6 +63,7 @@ def test_the_installed_config_is_understood_by_gpuprobe_collector(tmp_path: Path
     config = root / "etc/gpuprobe/collector.toml"
     text = config.read_text()
     assert 'tls_client_ca = "/etc/gpuprobe/tls/agents-ca.crt"' in text and 'wal = "/var/lib/gpuprobe/collector"' in text
+    assert 'metrics_listen = "127.0.0.1:9447"' in text  # no authentication: this host only unless told
     # every key is a collector option; with the TLS files absent here it stops at reading them
     started = subprocess.run(
         [sys.executable, "-m", "gpuprobe", "--config", str(config), "collector", "--wal", str(tmp_path / "wal")],

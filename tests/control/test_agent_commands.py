@@ -216,6 +216,22 @@ def test_the_cli_checks_its_arguments_before_sending_anything(
     assert missing_key.returncode == 2 and "--key FILE is required" in missing_key.stderr
 
 
+def test_a_selector_that_matches_no_online_agent_is_refused_before_anything_is_sent(
+    fleet: Any, operator_key: Any, cli: Any, mqtt_broker: Any
+) -> None:
+    agent = fleet.agent(mqtt_broker.url, extra_args=["--cluster", "c-alpha"])
+    started = time.monotonic()
+    done = cli("probe", "start", "--workload", "idle", "--duration", "5", "--nodes", "cluster=c-beta",
+               "--key", str(operator_key.private), "--wait", "30")  # fmt: skip
+    assert done.returncode == 1 and time.monotonic() - started < 20, done.stderr  # not after --wait
+    assert "no online agent matches --nodes cluster=c-beta, so nothing was sent" in done.stderr
+    assert f"online: {agent.host}" in done.stderr and done.stdout == ""
+    excluded = cli("probe", "start", "--workload", "idle", "--duration", "5", "--nodes", f"{agent.host},cluster=c-beta",
+                   "--key", str(operator_key.private))  # fmt: skip
+    assert excluded.returncode == 1 and f"({agent.host}: named, but another term excludes it)" in excluded.stderr
+    assert "accepted command" not in agent.log() and "not_selected" not in agent.log()
+
+
 def test_gpu_indices_the_node_does_not_have_are_refused(
     fleet: Any, operator_key: Any, cli: Any, mqtt_broker: Any
 ) -> None:

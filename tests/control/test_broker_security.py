@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -175,6 +176,13 @@ def test_the_example_mosquitto_conf_runs_with_tls_passwords_and_the_acl(tmp_path
         assert ok("fleet").returncode == 0
         anonymous = make_cli(f"mqtt://127.0.0.1:{plain_port}")("fleet")
         assert anonymous.returncode == 1 and "refused the connection without a user name" in anonymous.stderr
+        # every warning Mosquitto gives at start is one the ACL's comments name as expected
+        warnings = [
+            w
+            for w in re.findall(r"Warning: .*", (tmp_path / "mosquitto.log").read_text())
+            if "should not be run as root" not in w  # this test's `user root` above, not the shipped files
+        ]
+        assert warnings and all(w in ACL.read_text() for w in warnings), warnings
     finally:
         proc.terminate()
         proc.wait(10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -79,13 +80,36 @@ def test_cli_prints_the_summary_table_and_the_report_path(probe_run: ProbeRun, t
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert re.search(r"^host\s+gpu\s+model\s+R_th", out, re.M)
-    assert len(re.findall(r"^node-[ab]\s+\d\s+NVIDIA", out, re.M)) == 8
+    assert re.search(r"^  gpu\s+model\s+R_th", out, re.M)
+    assert re.findall(r"^node-[ab]$", out, re.M) == ["node-a", "node-b"]  # each host heads its rows
+    assert len(re.findall(r"^  +\d (L4|H100|A100|GeForce)\b", out, re.M)) == 8  # without the "NVIDIA "
+    assert max(map(len, out.splitlines())) <= 120, out  # it was 165
     assert "microphone: proxy +" in out and "stands out: node-a gpu 3 is hotter" in out
     html = Path(re.search(r"^report: (.+)$", out, re.M).group(1))  # type: ignore[union-attr]
     assert html.exists() and html.parent == tmp_path
     assert (tmp_path / f"{probe_run.probe_id}.json").exists()
     assert "`model` points written" not in out
+
+
+def test_the_summary_fits_120_columns_and_leaves_columns_to_the_report_only_when_it_must(
+    report: ReportPaths,
+) -> None:
+    from gpuprobe.model.output import summary_table
+
+    lines = report.summary.splitlines()
+    assert max(map(len, lines)) <= 120, report.summary
+    assert "in the HTML report and the JSON only" not in report.summary  # these columns fit
+    hotter = next(i for i, line in enumerate(lines) if re.match(r"^ +3 L4 ", line) and i > lines.index("node-a"))
+    assert lines[hotter + 1].strip() == "flags: hotter"  # under its row, not at the end of it
+    # a longer GPU model and long flags: columns go, in their order, the model shortens, the flags wrap
+    gpus = [
+        dataclasses.replace(g, model="NVIDIA RTX PRO 6000 Blackwell Server Edition", flags=["much too hot " * 12])
+        for g in report.results.gpus
+    ]
+    text = summary_table(dataclasses.replace(report.results, gpus=gpus), width=100)
+    assert max(map(len, text.splitlines())) <= 100, text
+    assert re.search(r"^in the HTML report and the JSON only: T_amb(, held)?", text, re.M), text
+    assert "RTX PRO 6000" in text and "much too hot" in text
 
 
 def test_cli_errors_are_clear(probe_run: ProbeRun, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from study_synthetic import (
 )
 
 from gpuprobe.devservices import InfluxDBDatabase
-from gpuprobe.devservices.browser import widest_table
+from gpuprobe.devservices.browser import table_layout
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.lineprotocol import encode_line
 from gpuprobe.influx.settings import InfluxSettings
@@ -182,9 +182,14 @@ def test_the_command_writes_table_html_json_and_model_points(
     assert f"node-b gpu 1 point 3 (resnet50, batch 128, limit 60%): {L4_REFUSAL}" in text
     assert "+10.0" in out  # the vgpu overhead
     assert f"report: {html}" in out and f"numbers: {numbers}" in out
-    # at 1400 px no table is wider than the page (the groups table was ~1700 px, in a scrolled box)
-    right_px, viewport_px = widest_table(html, 1400)
-    assert 0 < right_px <= viewport_px, (right_px, viewport_px)
+    # at 1400 px no table is wider than the page (the groups table was ~1700 px, in a scrolled box), and
+    # no GPU model wraps (the groups table's took four lines): each configuration is a line over its rows
+    layout = table_layout(html, 1400)
+    assert 0 < layout.right_px <= layout.viewport_px, layout
+    assert not [text for text in layout.wrapped_cells if H100 in text or L4 in text], layout.wrapped_cells
+    groups = html.read_text("utf-8").split("<h2>Groups</h2>")[1].split("<h2>")[0]
+    configurations = re.findall(r'<tr class="config"><td class="l" colspan="\d+">([^<]*)</td>', groups)
+    assert configurations == headings, configurations  # as on the terminal
     assert "`model` points written (kind=study): 12" in out
 
     page = html.read_text(encoding="utf-8")
