@@ -1133,7 +1133,7 @@ def fit_staged_node(members: list[StagedInput], *, holdout: float = 0.3) -> list
 
     The fits run with one BLAS thread: their matrices (a few thousand rows by tens of parameters) gain
     nothing from more, and OpenBLAS's threads, spinning for a core another process holds, made each of
-    the solver's SVDs about 20 times slower with the other core busy (105 ms against 5 ms, 3 600 × 42)."""
+    the solver's SVDs about 20 times slower with the other core busy (105 ms against 5 ms, 3 600 by 42)."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):
