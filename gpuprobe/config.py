@@ -11,7 +11,8 @@ precedence, highest first::
 
 The file is named by ``--config`` or ``GPUPROBE_CONFIG``. A table is named after the command
 (``[agent]``, ``[collector]``, ``[sim]``; a sub-command also reads its own table, ``[sim.run]``), and
-top-level keys apply to every command that has that option. Keys use underscores
+top-level keys apply to every command that has that option (except :data:`PER_COMMAND_KEYS`, whose
+meaning differs between commands: only flags and the command's own table set them). Keys use underscores
 (``spool_max_bytes``), flags dashes (``--spool-max-bytes``), environment variables upper case
 (``GPUPROBE_SPOOL_MAX_BYTES``). A key no command knows is an error, so typos do not pass silently.
 
@@ -38,6 +39,12 @@ from typing import Any
 from gpuprobe.errors import ConfigError as ConfigError
 
 ENV_PREFIX = "GPUPROBE_"
+# Options whose name means something else in each command that has it: `gpus` is sim run's number of
+# GPUs and probe start's GPU indices, `out` the demo's report folder and certs' key folder, `json` a
+# switch here and a file there. A top-level key or a GPUPROBE_* variable set for one command would
+# silently aim another (a top-level `gpus = 2` made `probe start` aim at GPU 2), so these are taken only
+# from the command line and from the command's own table in the file.
+PER_COMMAND_KEYS = frozenset({"gpus", "json", "out"})
 CONFIG_ENV = "GPUPROBE_CONFIG"
 DURATION_METAVAR = "DURATION"
 DURATION_FORMS = "30, 30.5, 30s, 500ms, 2m, 1h, 7d"
@@ -194,7 +201,12 @@ class Command:
 def add_options(parser: argparse.ArgumentParser, options: Iterable[Option]) -> None:
     """Adds flags whose absence is visible (``argparse.SUPPRESS``), so lower sources can fill in."""
     for opt in options:
-        where = "command line only" if opt.flag_only else f"env {opt.env_var}"
+        if opt.flag_only:
+            where = "command line only"
+        elif opt.name in PER_COMMAND_KEYS:
+            where = "command line or this command's table in the file"
+        else:
+            where = f"env {opt.env_var}"
         if opt.is_duration:
             default = "" if opt.default is None else f"; default {format_duration(opt.default)}"
             help_text = f"{opt.help} (e.g. 30s, 2m; {where}{default})"
@@ -271,6 +283,13 @@ def check_keys(data: Mapping[str, Any], known_by_command: Mapping[str, set[str]]
             if not prefix:
                 if key not in all_known:
                     raise ConfigError(f"{path}: unknown option {key!r}{_did_you_mean(key, all_known)}")
+                if key in PER_COMMAND_KEYS:
+                    tables = [f"[{c}]" for c in sorted(c for c, names in known_by_command.items() if key in names)]
+                    raise ConfigError(
+                        f"{path}: a top-level {key!r} would set it for every command that has one, and it means"
+                        f" something different in each: put it in the table of the command it is for"
+                        f": {', '.join(tables)}"
+                    )
                 continue
             allowed: set[str] = set()
             for command, names in known_by_command.items():
@@ -316,13 +335,14 @@ def resolve(
             if ignored:
                 log.warning("%s ignored: %s is taken only from the command line", ", ".join(ignored), opt.flag)
             continue
+        per_command = opt.name in PER_COMMAND_KEYS  # then neither the environment nor the top level
         if hasattr(args, opt.name):
             values[opt.name] = getattr(args, opt.name)
-        elif opt.env_var in env:
+        elif opt.env_var in env and not per_command:
             values[opt.name] = opt.convert(env[opt.env_var], f"environment {opt.env_var}")
         else:
             value: Any = opt.default
-            for source, layer in layers:
+            for source, layer in layers[1:] if per_command else layers:
                 if _has_value(layer, opt.name):
                     value = opt.convert(layer[opt.name], source)
             values[opt.name] = value

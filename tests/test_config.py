@@ -15,6 +15,7 @@ import pytest
 from gpuprobe.cli import all_commands, build_parser
 from gpuprobe.config import (
     DURATION_FORMS,
+    PER_COMMAND_KEYS,
     Command,
     ConfigError,
     Option,
@@ -137,7 +138,46 @@ def test_every_command_documents_its_options_and_environment_variables() -> None
         text = sub.format_help()
         for opt in cmd.options:
             assert opt.flag in text, (cmd.name, opt.flag)
-            assert (opt.env_var if not opt.flag_only else "command line only") in text, (cmd.name, opt.env_var)
+            if opt.flag_only:
+                where = "command line only"
+            elif opt.name in PER_COMMAND_KEYS:
+                where = "command line or this command's table in the file"
+            else:
+                where = opt.env_var
+            assert where in " ".join(text.split()), (cmd.name, opt.name, where)
+
+
+def test_a_key_that_means_something_else_in_each_command_is_set_only_for_its_own_command(tmp_path: Path) -> None:
+    """A top-level `gpus = 2`, meant for `sim run` (a number of GPUs), made `probe start` aim at GPU 2."""
+    commands = {c.name: c for c in all_commands()}
+    known = {name: {key for o in c.options for key in o.file_keys} for name, c in commands.items()}
+    path = tmp_path / "gpuprobe.toml"
+    for key in sorted(PER_COMMAND_KEYS):
+        with pytest.raises(ConfigError, match=rf"top-level '{key}' .* put it in the table of the command it is for"):
+            check_keys({key: "2"}, known, path)
+    with pytest.raises(ConfigError, match=r"\[probe\.start\], \[sim\.run\], \[study\.start\]"):
+        check_keys({"gpus": 2}, known, path)
+    # in its own command's table it is that command's; neither another table nor GPUPROBE_GPUS reaches past it
+    data = {"sim": {"run": {"gpus": 2}}}
+    check_keys(data, known, path)
+    env = {"GPUPROBE_GPUS": "2"}
+    start = commands["probe.start"]
+    assert resolve("probe.start", start.options, argparse.Namespace(), data, path, environ=env)["gpus"] is None
+    run = commands["sim.run"]
+    assert resolve("sim.run", run.options, argparse.Namespace(), data, path, environ=env)["gpus"] == 2
+    # the command line still sets it, and so does the command's table
+    given = resolve("probe.start", start.options, argparse.Namespace(gpus=[1]), data, path, environ=env)
+    assert given["gpus"] == [1]
+    own = resolve("probe.start", start.options, argparse.Namespace(), {"probe": {"start": {"gpus": "0,3"}}}, path)
+    assert own["gpus"] == [0, 3]
+    path.write_text("gpus = 2\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuprobe", "--config", str(path), "probe", "start", "--workload", "idle"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")},
+    )
+    assert done.returncode == 2 and "top-level 'gpus'" in done.stderr, done.stderr
 
 
 def gpuprobe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
