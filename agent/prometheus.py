@@ -4,8 +4,15 @@ Nothing is done per tick: a scrape renders the page from what the sampler alread
 tick's samples, the last sample of each GPU that carried PCIe and health fields, which come less
 often, and the acoustic proxy's last estimates), the XID tallies the events thread keeps, and the pod
 assignment the pod-resources poller keeps (:mod:`gpuprobe.agent.podresources`). Each GPU's label text
-is built once and again only when its facts or its pod change. A field a GPU does not report is
-absent from the page, never 0.
+is built once and again only when its facts or its pod change, and so is the page's template
+(:class:`_Layout`: every line's text but its value), which changes only with the GPUs, their fields
+or the types of their values. A field a GPU does not report is absent from the page, never 0.
+
+A scrape is the page's only cost, so both halves are made cheap (figures in ``bench/RESULTS.md``):
+the values are formatted by one ``orjson.dumps`` and put into the template by one ``%`` (the text is
+that of formatting each line with :func:`_value`, which a test checks), and :class:`PageServer`
+answers on one thread with one selector instead of :mod:`http.server`'s thread and :mod:`email`
+header parsing per request.
 
 The names, types and units are :mod:`gpuprobe.agent.dcgm_names`'s. XIDs are served twice: as
 dcgm-exporter does (``DCGM_FI_DEV_XID_ERRORS``, the last code, 0 before any), and as a counter of
@@ -15,12 +22,18 @@ never sticks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import chain
+from operator import itemgetter
 from typing import Any, Protocol
+
+import orjson
 
 from gpuprobe.agent.dcgm_names import GPU_FIELDS, LABELS, POD_LABELS, XID_EVENTS, XID_LAST, PromMetric
 from gpuprobe.agent.podresources import PodRef
@@ -77,6 +90,7 @@ class GpuExporter:
         self._lock = threading.Lock()
         self._xid_last: dict[int, int] = {}
         self._xid_counts: dict[tuple[int, int], int] = {}
+        self._layout: _Layout | None = None
         self._labels_cache: tuple[list[common_pb2.GpuInfo], Mapping[str, PodRef] | None, dict[int, str]] | None = None
 
     def event(self, event: telemetry_pb2.GpuEvent) -> None:
@@ -120,17 +134,42 @@ class GpuExporter:
 
     def render(self) -> bytes:
         labels = self._gpu_labels()
+        gpus = self._merged(labels)
+        layout = self._layout  # one attribute: concurrent renders see a whole entry
+        flat = layout.values(labels, gpus) if layout is not None else None
+        if layout is None or flat is None:
+            layout = self._layout = _Layout(labels, gpus)
+            flat = layout.take(gpus)
+        values = layout.arrange(flat)
+        out: list[str] = []
+        with self._lock:
+            xid_last = dict(self._xid_last)
+            xid_counts = sorted(self._xid_counts.items())
+        if gpus:
+            out.append(_HEADERS[XID_LAST.name])
+            for index, _ in gpus:
+                out.append(f"{XID_LAST.name}{{{labels[index]}}} {xid_last.get(index, 0)}\n")
+        if xid_counts:
+            out.append(_HEADERS[XID_EVENTS.name])
+            for (index, code), count in xid_counts:
+                text = labels.get(index)
+                if text is not None:
+                    out.append(f'{XID_EVENTS.name}{{{text},xid="{code}"}} {count}\n')
+        return layout.format(values, "".join(out))
+
+    def _merged(self, labels: dict[int, str]) -> list[tuple[int, dict[str, Any]]]:
+        """Each GPU's newest values (its last tick's over its last PCIe and health reads), with the
+        acoustic proxy's estimate and the free memory; GPUs without labels yet are left out."""
         slow = self._readings.latest_slow
         proxy = {
             a.gpu_index: a
             for a in self._readings.latest_acoustic
             if a.source == telemetry_pb2.ACOUSTIC_SOURCE_PROXY and a.HasField("gpu_index")
         }
-        gpus: list[tuple[str, dict[str, Any]]] = []
+        gpus: list[tuple[int, dict[str, Any]]] = []
         for sample in self._readings.latest:
             index = sample["gpu_index"]
-            text = labels.get(index)
-            if text is None:
+            if index not in labels:
                 continue  # not in the facts yet (it joined this tick): next scrape
             older = slow.get(index)
             if older:
@@ -149,62 +188,332 @@ class GpuExporter:
             used, total = merged.get("mem_used_bytes"), merged.get("mem_total_bytes")
             if used is not None and total is not None:
                 merged["mem_free_bytes"] = total - used
-            gpus.append((text, merged))
-        out: list[str] = []
+            gpus.append((index, merged))
+        return gpus
+
+
+class _Layout:
+    """The page's GPU part for one arrangement (which GPUs, which fields each has, of which types, under
+    which labels): a ``%`` template of every line, and where each line's value comes from.
+
+    The values are taken by one ``itemgetter`` per GPU and put in page order by another; the ones
+    ``_value`` would change (units, bools) are converted in C, each kind in one go. The arrangement is
+    checked on every render (:meth:`values`), so the text is always that of formatting each line.
+    """
+
+    __slots__ = (
+        "_bools",
+        "_divisors",
+        "_order",
+        "_other_metrics",
+        "_others",
+        "_scaled",
+        "_scales",
+        "getters",
+        "indexes",
+        "keys",
+        "labels",
+        "numbers_only",
+        "reusable",
+        "template",
+        "template_bytes",
+        "types",
+    )
+
+    def __init__(self, labels: dict[int, str], gpus: list[tuple[int, dict[str, Any]]]) -> None:
+        self.labels = labels
+        self.indexes = [index for index, _ in gpus]
+        self.keys = [frozenset(merged) for _, merged in gpus]
+        # a field present as None is not served; should it get a value the keys would not show it
+        self.reusable = not any(None in merged.values() for _, merged in gpus)
+        # per GPU, the fields it serves in page order (a field once per metric); gpu_index first, so that
+        # an itemgetter always returns a tuple
+        served: list[list[tuple[str, PromMetric]]] = [[] for _ in gpus]
         for field, metrics in GPU_FIELDS.items():
             for m in metrics:
-                lines = [f"{m.name}{{{text}}} {_value(v, m)}\n" for text, s in gpus if (v := s.get(field)) is not None]
-                if lines:
-                    out.append(_HEADERS[m.name])
-                    out.extend(lines)
-        with self._lock:
-            xid_last = dict(self._xid_last)
-            xid_counts = sorted(self._xid_counts.items())
-        if gpus:
-            out.append(_HEADERS[XID_LAST.name])
-            for text, merged in gpus:
-                out.append(f"{XID_LAST.name}{{{text}}} {xid_last.get(merged['gpu_index'], 0)}\n")
-        if xid_counts:
-            out.append(_HEADERS[XID_EVENTS.name])
-            for (index, code), count in xid_counts:
-                text = labels.get(index)
-                if text is not None:
-                    out.append(f'{XID_EVENTS.name}{{{text},xid="{code}"}} {count}\n')
-        return "".join(out).encode()
+                for i, (_, merged) in enumerate(gpus):
+                    if merged.get(field) is not None:
+                        served[i].append((field, m))
+        self.getters = [
+            itemgetter("gpu_index", *(f for f, _ in fields)) if fields else _gpu_index_only for fields in served
+        ]
+        flat = self.take(gpus)
+        self.types = tuple(map(type, flat))
+        offsets = []
+        offset = 0
+        for fields in served:
+            offsets.append(offset)
+            offset += 1 + len(fields)
+        # the lines in page order (metric by metric, GPU by GPU within a metric), as flat positions
+        where = {(i, m.name): offsets[i] + 1 + j for i, fields in enumerate(served) for j, (_, m) in enumerate(fields)}
+        parts: list[str] = []
+        # what _value does to a metric's values, by their types (the same on every GPU, mostly): ints and
+        # floats as they are, or else converted into a part after the GPUs' values, each part in one go
+        scaled: list[tuple[int, PromMetric]] = []
+        bools: list[int] = []
+        others: list[tuple[int, PromMetric]] = []
+        lines: list[tuple[int, PromMetric]] = []  # flat position and metric of each line, in page order
+        for metrics in GPU_FIELDS.values():
+            for m in metrics:
+                start = len(lines)
+                for i, (index, _) in enumerate(gpus):
+                    p = where.get((i, m.name))
+                    if p is None:
+                        continue
+                    if start == len(lines):
+                        parts.append(_HEADERS[m.name].replace("%", "%%"))  # "(in %)."
+                    parts.append(f"{m.name}{{{labels[index]}}} ".replace("%", "%%") + "%s\n")
+                    lines.append((p, m))
+                kinds = {self.types[p] for p, _ in lines[start:]}
+                if kinds == {bool}:  # 1 or 0 whatever the metric's unit
+                    bools.extend(p for p, _ in lines[start:])
+                elif kinds - {int, float}:
+                    others.extend(lines[start:])
+                elif m.scale != 1.0 or m.divisor != 1.0:
+                    scaled.extend(lines[start:])
+        self.template = "".join(parts) + "%s"
+        self.template_bytes = self.template.encode()
+        # every value an int or a float: one orjson.dumps of them all (Ryu, about ten times faster than repr)
+        self.numbers_only = not others
+        self._scaled = _picker([p for p, _ in scaled])
+        self._scales = [m.scale for _, m in scaled]
+        self._divisors = [m.divisor for _, m in scaled]
+        self._bools = _picker(bools)
+        self._others = _picker([p for p, _ in others])
+        self._other_metrics = [m for _, m in others]
+        converted = {p: len(flat) + k for k, p in enumerate([p for p, _ in scaled] + bools + [p for p, _ in others])}
+        self._order = _picker([converted.get(p, p) for p, _ in lines])
 
+    def arrange(self, flat: list[Any]) -> list[Any]:
+        """The values of :meth:`take` in page order, converted as _value converts them."""
+        extra: list[Any] = list(
+            map(float.__truediv__, map(float.__mul__, map(float, self._scaled(flat)), self._scales), self._divisors)
+        )
+        extra += map(int, self._bools(flat))
+        if self._other_metrics:
+            extra += [_value(v, m) for v, m in zip(self._others(flat), self._other_metrics, strict=True)]
+        return list(self._order(flat + extra))
 
-class _Handler(BaseHTTPRequestHandler):
-    pages: Sequence[Callable[[], bytes]] = ()
+    def format(self, values: list[Any], tail: str) -> bytes:
+        """The page: the values (ints, floats and _value's strings) put in the template, then ``tail``
+        (the XIDs' lines; in the one ``%``, which saves a copy of the page)."""
+        if self.numbers_only:
+            try:
+                numbers = orjson.dumps(values)
+            except TypeError:  # an int beyond 64 bits
+                pass
+            else:
+                # orjson writes what repr writes, except where repr writes an exponent (below 1e-4, whose
+                # decimals start 0.0000, and from 1e16), NaN and the infinities (null): those take repr
+                if b"e" not in numbers and b"0.0000" not in numbers and b"null" not in numbers:
+                    return self.template_bytes % (*(numbers[1:-1].split(b",") if values else ()), tail.encode())
+        return (self.template % (*values, tail)).encode()
 
-    def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-            self.send_error(404)
-            return
+    def take(self, gpus: list[tuple[int, dict[str, Any]]]) -> list[Any]:
+        """The served values of every GPU, GPU by GPU (gpu_index first)."""
+        return list(chain.from_iterable(get(merged) for get, (_, merged) in zip(self.getters, gpus, strict=True)))
+
+    def values(self, labels: dict[int, str], gpus: list[tuple[int, dict[str, Any]]]) -> list[Any] | None:
+        """:meth:`take`, or None when these GPUs' arrangement is not this layout's."""
+        if (
+            not self.reusable
+            or labels is not self.labels
+            or len(gpus) != len(self.keys)
+            or any(
+                index != i or merged.keys() != k
+                for (index, merged), i, k in zip(gpus, self.indexes, self.keys, strict=True)
+            )
+        ):
+            return None
         try:
-            body = b"".join(page() for page in self.pages)
+            flat = self.take(gpus)
+        except KeyError:
+            return None
+        return flat if tuple(map(type, flat)) == self.types else None
+
+
+def _gpu_index_only(merged: dict[str, Any]) -> tuple[Any, ...]:
+    return (merged["gpu_index"],)
+
+
+def _picker(positions: list[int]) -> Callable[[list[Any]], Sequence[Any]]:
+    """The items at ``positions`` of a list, as a sequence (itemgetter of one position gives the item)."""
+    if len(positions) >= 2:
+        return itemgetter(*positions)
+    return lambda items: [items[p] for p in positions]
+
+
+class PageServer:
+    """``GET /metrics`` (or ``/``) on HOST:PORT: the pages' texts, concatenated; one thread, one selector.
+
+    Hand-written instead of :mod:`http.server` because a scrape is the agent's only CPU cost of the page:
+    ``ThreadingHTTPServer`` starts a thread per request and parses the headers with :mod:`email`, 326 µs
+    of CPU per scrape of a ready page against 96 µs here (``bench/RESULTS.md``). Connections are served
+    concurrently, non-blocking, so a client that connects and sends nothing delays no other scrape; each
+    is closed after its answer (HTTP/1.0, as before), or after ``IDLE_S`` without a whole request.
+    """
+
+    IDLE_S = 30.0  # longer than any Prometheus scrape timeout
+    MAX_REQUEST_BYTES = 64 * 1024
+
+    def __init__(self, host: str, port: int, pages: Sequence[Callable[[], bytes]]) -> None:
+        self._pages = tuple(pages)
+        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "TCP_DEFER_ACCEPT"):
+                # Linux: a connection is accepted once its request has come, so that a scrape wakes this
+                # thread once, not twice (a wake-up costs ~200 µs of CPU on a busy machine, bench/RESULTS.md)
+                self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
+            self._socket.bind((host, port))
+            self._socket.listen(16)
+            self._socket.setblocking(False)
+        except OSError:
+            self._socket.close()
+            raise
+        self.server_address: tuple[Any, ...] = self._socket.getsockname()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._socket, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._open: dict[socket.socket, _Connection] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="gpuprobe-prometheus", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stops serving (open connections are closed) and waits for the thread."""
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        self._thread.join()
+
+    def server_close(self) -> None:
+        for s in (self._socket, self._wake_r, self._wake_w):
+            s.close()
+        self._selector.close()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            # no timeout while no connection is open: an idle endpoint never wakes the agent
+            deadline = min((c.deadline for c in self._open.values()), default=None)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            for key, _ in self._selector.select(timeout):
+                if key.fileobj is self._socket:
+                    self._accept()
+                elif key.fileobj is not self._wake_r:
+                    self._step(key.data)
+            now = time.monotonic()
+            for c in [c for c in self._open.values() if c.deadline <= now]:
+                self._close(c)
+        for c in list(self._open.values()):
+            self._close(c)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._socket.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:  # out of file descriptors, say: the next scrape tries again
+            log.warning("Prometheus endpoint: accept: %s", e)
+            return
+        sock.setblocking(False)
+        c = _Connection(sock, time.monotonic() + self.IDLE_S)
+        self._open[sock] = c
+        self._step(c)  # the request is mostly there already: then it is answered without a wait
+
+    def _step(self, c: _Connection) -> None:
+        """Reads the request or sends the rest of the answer, as far as the socket allows without waiting."""
+        try:
+            if c.answer is None:
+                data = c.sock.recv(65536)
+                if not data:
+                    self._close(c)
+                    return
+                c.request += data
+                end = c.request.find(b"\r\n\r\n")
+                if end < 0:
+                    end = c.request.find(b"\n\n")  # bare LFs, which http.server took too
+                if end >= 0:
+                    c.answer = [memoryview(b) for b in self._answer(bytes(c.request[:end]))]
+                elif len(c.request) > self.MAX_REQUEST_BYTES:
+                    c.answer = [memoryview(b) for b in _response(431, [b"request header fields too large\n"])]
+                else:
+                    self._wait(c, selectors.EVENT_READ)
+                    return
+            sent = c.sock.sendmsg(c.answer)  # the head and each page as they are: no copy of the page
+            while c.answer and sent >= len(c.answer[0]):
+                sent -= len(c.answer.pop(0))
+            if c.answer:
+                c.answer[0] = c.answer[0][sent:]
+                self._wait(c, selectors.EVENT_WRITE)
+            else:
+                self._close(c)
+        except (BlockingIOError, InterruptedError):
+            self._wait(c, selectors.EVENT_READ if c.answer is None else selectors.EVENT_WRITE)
+        except OSError:  # the client went away
+            self._close(c)
+
+    def _wait(self, c: _Connection, events: int) -> None:
+        if c.events == 0:
+            self._selector.register(c.sock, events, c)
+        elif c.events != events:
+            self._selector.modify(c.sock, events, c)
+        c.events = events
+
+    def _answer(self, head: bytes) -> list[bytes]:
+        parts = head.split(b"\n", 1)[0].split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return _response(400, [b"bad request\n"])
+        method, target = parts[0], parts[1]
+        if method != b"GET":
+            return _response(501, [b"unsupported method\n"])
+        if target.split(b"?", 1)[0] not in (b"/metrics", b"/"):
+            return _response(404, [b"not found\n"])
+        try:
+            body = [page() for page in self._pages]
         except Exception:
             log.exception("rendering the Prometheus page failed")
-            self.send_error(500)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            return _response(500, [b"rendering the page failed\n"])
+        return _response(200, body, CONTENT_TYPE)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes are not logged (one per scrape interval)."""
+    def _close(self, c: _Connection) -> None:
+        self._open.pop(c.sock, None)
+        if c.events:
+            self._selector.unregister(c.sock)
+        c.sock.close()
 
 
-class _V6Server(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
+class _Connection:
+    __slots__ = ("answer", "deadline", "events", "request", "sock")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.request = bytearray()
+        self.answer: list[memoryview] | None = None  # what is left to send, once the request is read
+        self.events = 0  # what the selector waits for on it (0: not registered)
 
 
-def serve(host: str, port: int, pages: Sequence[Callable[[], bytes]]) -> ThreadingHTTPServer:
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+}
+
+
+def _response(status: int, body: list[bytes], content_type: str = "text/plain; charset=utf-8") -> list[bytes]:
+    """The head, then the body's parts (sent together by one sendmsg)."""
+    head = (
+        f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {sum(map(len, body))}\r\nConnection: close\r\n\r\n"
+    )
+    return [head.encode(), *body]
+
+
+def serve(host: str, port: int, pages: Sequence[Callable[[], bytes]]) -> PageServer:
     """``/metrics`` on HOST:PORT in a background thread: the pages' texts, concatenated."""
-    handler = type("Handler", (_Handler,), {"pages": tuple(pages)})
-    server_class = _V6Server if ":" in host else ThreadingHTTPServer
-    server = server_class((host, port), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="gpuprobe-prometheus", daemon=True).start()
-    return server
+    return PageServer(host, port, pages)

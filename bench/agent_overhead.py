@@ -25,6 +25,7 @@ completed polls in the window times the GPU count. Usage::
 
     python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--rate-hz 10] [--warmup 5] [--health-interval 1]
                                    [--resolution auto|full] [--per-thread] [--alone] [--scrape-interval 1]
+                                   [--pair [--rounds 8]]
 
 With ``--resolution auto`` the agent ships aggregates: each counts the samples it holds. ``--per-thread``
 adds the agent's CPU per thread (by OS thread name) to the table and the JSON. ``--alone`` runs the agent
@@ -32,12 +33,24 @@ without the peers: the peers poll at 10 Hz too and evict the agent's code and da
 its ticks, which the agent pays for after every wake-up. ``--scrape-interval S`` starts the agent with
 ``--prometheus-listen`` and fetches its GPU page every S seconds from this process, as a Prometheus
 would (the fetching is not in the agent's figure; run once with and once without to compare).
+
+``--pair`` measures what a scrape costs the agent within one run, which two runs on shared cores cannot
+resolve: two identical agents (no peers) on the same simulated GPUs, each streaming to a receiver of its
+own and both serving ``--prometheus-listen``. The window is cut into ``--rounds`` rounds; in each, one of
+the two is scraped every ``--scrape-interval`` (1 s unless given; a GET with the headers Prometheus 2.42
+sends) and the other not, in the order A B B A A B B A ..., so that each agent is scraped in half the
+rounds and a drift of the machine's load cancels. Each agent's CPU per round is read from the kernel's
+per-process CPU clock (``clock_getcpuclockid``: every thread, those that ended included, in ns) and, as
+a cross-check, from ``/proc/PID/stat``. The figures: the scraped and the unscraped role's CPU summed
+over the rounds, their ratio (with its standard error from the rounds' paired differences) and the CPU
+the scrapes added per scrape; with ``--per-thread``, that difference per thread
+(``/proc/PID/task/TID/schedstat``), which shows how much of it the endpoint's own thread spends.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import ctypes
 import json
 import os
 import statistics
@@ -216,9 +229,18 @@ def main() -> int:
         default=0.0,
         help="fetch the agent's --prometheus-listen page this often (s; 0: no page, no scrapes)",
     )
+    parser.add_argument(
+        "--pair",
+        action="store_true",
+        help="two identical agents (no peers), both serving the page; in each round one is scraped every"
+        " --scrape-interval (1 s unless given), the other not: their CPU and its ratio",
+    )
+    parser.add_argument("--rounds", type=int, default=8, help="with --pair: rounds in the window (A B B A ...)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    args.prometheus_port = free_port() if args.scrape_interval > 0 else None
+    if args.pair and args.scrape_interval <= 0:
+        args.scrape_interval = 1.0
+    args.prometheus_port = free_port() if args.scrape_interval > 0 and not args.pair else None
 
     with temporary_machine([get_profile(args.profile)] * args.gpus) as sim, tempfile.TemporaryDirectory() as tmp:
         for i in range(args.gpus):
@@ -226,6 +248,11 @@ def main() -> int:
         env = sim.environ()
         env.pop("NOTIFY_SOCKET", None)
         out = Path(tmp)
+        if args.pair:
+            figures = run_pair(args, env, out)
+            if args.json:
+                args.json.write_text(json.dumps(figures, indent=2))
+            return 0
         port = free_port()
         receiver = subprocess.Popen(
             [sys.executable, str(RECEIVER), "--port", str(port), "--out", str(out / "rx")], stdout=subprocess.PIPE
@@ -247,40 +274,46 @@ def main() -> int:
     return 0
 
 
+def agent_process(
+    args: argparse.Namespace, env: dict[str, str], out: Path, name: str, port: int, prometheus_port: int | None
+) -> Measured:
+    """``gpuprobe agent`` streaming to the receiver on ``port``, its spool and log under ``out``."""
+    gpuprobe = Path(sys.executable).parent / "gpuprobe"
+    command = [sys.executable, "-c", NAMED_THREADS] if args.per_thread else [str(gpuprobe)]
+    resolution = ["--resolution", args.resolution] if args.resolution else []
+    out.mkdir(parents=True, exist_ok=True)
+    agent_log = open(out / "agent.log", "wb")  # noqa: SIM115 - owned by the process
+    return Measured(
+        name,
+        subprocess.Popen(
+            [
+                *command,
+                "--log-level",
+                "warning",
+                "agent",
+                "--collector",
+                f"127.0.0.1:{port}",
+                "--spool",
+                str(out / "spool"),
+                "--interval",
+                str(1 / args.rate_hz),
+                "--health-interval",  # 1 s (the default): the health reads are part of the figure
+                f"{args.health_interval:g}",
+                *resolution,
+                *(["--prometheus-listen", f"127.0.0.1:{prometheus_port}"] if prometheus_port else []),
+            ],
+            env=env,
+            stdout=agent_log,
+            stderr=subprocess.STDOUT,
+        ),
+    )
+
+
 def start_processes(
     args: argparse.Namespace, env: dict[str, str], out: Path, port: int, total_s: float
 ) -> list[Measured]:
     """The agent (streaming to the receiver on ``port``) and the peers, all reading the same GPUs."""
-    gpuprobe = Path(sys.executable).parent / "gpuprobe"
-    command = [sys.executable, "-c", NAMED_THREADS] if args.per_thread else [str(gpuprobe)]
-    resolution = ["--resolution", args.resolution] if args.resolution else []
-    agent_log = open(out / "agent.log", "wb")  # noqa: SIM115 - owned by the process
-    procs = [
-        Measured(
-            "gpuprobe agent",
-            subprocess.Popen(
-                [
-                    *command,
-                    "--log-level",
-                    "warning",
-                    "agent",
-                    "--collector",
-                    f"127.0.0.1:{port}",
-                    "--spool",
-                    str(out / "spool"),
-                    "--interval",
-                    str(1 / args.rate_hz),
-                    "--health-interval",  # 1 s (the default): the health reads are part of the figure
-                    f"{args.health_interval:g}",
-                    *resolution,
-                    *(["--prometheus-listen", f"127.0.0.1:{args.prometheus_port}"] if args.prometheus_port else []),
-                ],
-                env=env,
-                stdout=agent_log,
-                stderr=subprocess.STDOUT,
-            ),
-        ),
-    ]
+    procs = [agent_process(args, env, out, "gpuprobe agent", port, args.prometheus_port)]
     peers = (
         ("gpustat", GPUSTAT_SETUP, GPUSTAT_POLL),
         ("nvitop", NVITOP_SETUP, NVITOP_POLL),
@@ -299,16 +332,36 @@ def start_processes(
     return procs
 
 
-def scrape(port: int, interval_s: float, total_s: float) -> None:
-    """Fetch the agent's GPU page every ``interval_s`` (as a Prometheus scrape job would)."""
+# What Prometheus 2.42 sends with every scrape (its scrape loop's request); the agent answers the text format.
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+    "User-Agent": "Prometheus/2.42.0",
+    "X-Prometheus-Scrape-Timeout-Seconds": "10",
+}
+
+
+def fetch(port: int) -> bool:
+    """One scrape of the agent's page on ``port`` as Prometheus makes it; False while it does not answer."""
     import urllib.error
     import urllib.request
 
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=PROMETHEUS_HEADERS)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            response.read()
+    except (OSError, urllib.error.URLError):  # not listening yet
+        return False
+    return True
+
+
+def scrape(port: int, interval_s: float, total_s: float) -> None:
+    """Fetch the agent's GPU page every ``interval_s`` (as a Prometheus scrape job would)."""
     end = time.monotonic() + total_s
     next_s = time.monotonic()
     while time.monotonic() < end:
-        with contextlib.suppress(OSError, urllib.error.URLError):  # not listening yet
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        fetch(port)
         next_s += interval_s
         time.sleep(max(0.0, next_s - time.monotonic()))
 
@@ -393,6 +446,199 @@ def report(procs: list[Measured], args: argparse.Namespace, window_s: float) -> 
         for name, pct in sorted(agent_row["threads_core_pct"].items(), key=lambda kv: -kv[1]):
             print(f"  {name:<16} {pct:>6.3f}")
     return rows
+
+
+def process_cpu_ns(pid: int) -> int:
+    """CPU time of the whole process ``pid`` in ns (the kernel's per-process CPU clock: all threads, those
+    that ended included, at ns resolution instead of ``/proc/PID/stat``'s 10 ms ticks)."""
+    clock = ctypes.c_int()
+    if _libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+        raise OSError(ctypes.get_errno(), f"clock_getcpuclockid({pid})")
+    return time.clock_gettime_ns(clock.value)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass
+class PairRound:
+    scraped: int  # which agent (0 or 1) was scraped in this round
+    seconds: float
+    scrapes: int
+    cpu_ns: tuple[int, int]  # each agent's CPU in the round (process CPU clock)
+    proc_cpu_s: tuple[float, float]  # the same from /proc/PID/stat (10 ms ticks), as a cross-check
+    thread_cpu_ns: tuple[dict[str, int], dict[str, int]]  # with --per-thread: by thread name (else empty)
+
+
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """CPU time in ns per OS thread name (``/proc/PID/task/TID/schedstat``; threads of one name summed)."""
+    out: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+            ns = int((task / "schedstat").read_text().split()[0])
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        out[name] = out.get(name, 0) + ns
+    return out
+
+
+def thread_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: ns - before.get(name, 0) for name, ns in after.items()}
+
+
+def run_pair(args: argparse.Namespace, env: dict[str, str], out: Path) -> dict[str, Any]:
+    """Two identical agents on the same GPUs, each streaming to a receiver of its own, both serving
+    ``--prometheus-listen``; in each round one of them is scraped every ``--scrape-interval``, in the order
+    A B B A A B B A ... so that each agent is scraped in half the rounds and a drift of the machine's load
+    cancels. The figures: each role's CPU summed over the rounds and their ratio."""
+    receivers: list[subprocess.Popen[bytes]] = []
+    agents: list[Measured] = []
+    ports: list[int] = []
+    try:
+        for name in ("agent A", "agent B"):
+            home = out / name.replace(" ", "_")
+            port = free_port()
+            receiver = subprocess.Popen(
+                [sys.executable, str(RECEIVER), "--port", str(port), "--out", str(home / "rx")], stdout=subprocess.PIPE
+            )
+            receivers.append(receiver)
+            assert receiver.stdout is not None and receiver.stdout.readline().startswith(b"READY")
+            ports.append(free_port())
+            agents.append(agent_process(args, env, home, name, port, ports[-1]))
+        # Warm-up: both are scraped, so that the first page's one-off costs fall outside the window.
+        warm_end = time.monotonic() + args.warmup
+        answered = [False, False]
+        while time.monotonic() < warm_end or not all(answered):
+            if time.monotonic() > warm_end + 60:
+                raise RuntimeError(f"an agent's page did not answer: {answered}")
+            answered = [fetch(port) or done for port, done in zip(ports, answered, strict=True)]
+            time.sleep(args.scrape_interval)
+        rounds: list[PairRound] = []
+        round_s = args.seconds / args.rounds
+        for k in range(args.rounds):
+            scraped = (k + k // 2) % 2  # A B B A A B B A ...
+            cpu0 = [process_cpu_ns(a.proc.pid) for a in agents]
+            proc0 = [a.cpu_s() for a in agents]
+            threads0 = [thread_cpu_ns(a.proc.pid) for a in agents] if args.per_thread else [{}, {}]
+            start = time.monotonic()
+            end = start + round_s
+            scrapes = 0
+            next_s = start
+            while next_s < end:
+                time.sleep(max(0.0, next_s - time.monotonic()))
+                scrapes += fetch(ports[scraped])
+                next_s += args.scrape_interval
+            time.sleep(max(0.0, end - time.monotonic()))
+            cpu1 = [process_cpu_ns(a.proc.pid) for a in agents]
+            proc1 = [a.cpu_s() for a in agents]
+            threads1 = [thread_cpu_ns(a.proc.pid) for a in agents] if args.per_thread else [{}, {}]
+            rounds.append(
+                PairRound(
+                    scraped,
+                    time.monotonic() - start,
+                    scrapes,
+                    (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]),
+                    (proc1[0] - proc0[0], proc1[1] - proc0[1]),
+                    (thread_delta(threads0[0], threads1[0]), thread_delta(threads0[1], threads1[1])),
+                )
+            )
+            r = rounds[-1]
+            print(
+                f"round {k + 1:>2}: {'AB'[scraped]} scraped {r.scrapes:>3}x in {r.seconds:5.1f} s;"
+                f" CPU A {r.cpu_ns[0] / 1e6:7.1f} ms, B {r.cpu_ns[1] / 1e6:7.1f} ms",
+                flush=True,
+            )
+        for agent in agents:
+            if agent.proc.poll() is not None:
+                raise RuntimeError(f"{agent.name} exited early: see its agent.log")
+    finally:
+        for p in [a.proc for a in agents] + receivers:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    return pair_figures(rounds, args)
+
+
+def pair_figures(rounds: list[PairRound], args: argparse.Namespace) -> dict[str, Any]:
+    """Prints and returns the scraped and unscraped CPU, their ratio and the CPU per scrape."""
+    window_s = sum(r.seconds for r in rounds)
+    scraped_ns = sum(r.cpu_ns[r.scraped] for r in rounds)
+    unscraped_ns = sum(r.cpu_ns[1 - r.scraped] for r in rounds)
+    scrapes = sum(r.scrapes for r in rounds)
+    # each round is a paired comparison (same seconds, same load on the machine): its spread gives the error
+    diffs_ns = [r.cpu_ns[r.scraped] - r.cpu_ns[1 - r.scraped] for r in rounds]
+    stderr_ns = statistics.stdev(diffs_ns) / len(diffs_ns) ** 0.5 * len(diffs_ns) if len(diffs_ns) > 1 else 0.0
+    per_agent = []
+    for i, name in enumerate(("A", "B")):
+        on = [r for r in rounds if r.scraped == i]
+        off = [r for r in rounds if r.scraped != i]
+        on_pct = 100 * sum(r.cpu_ns[i] for r in on) / 1e9 / sum(r.seconds for r in on) if on else float("nan")
+        off_pct = 100 * sum(r.cpu_ns[i] for r in off) / 1e9 / sum(r.seconds for r in off) if off else float("nan")
+        per_agent.append({"agent": name, "scraped_core_pct": on_pct, "unscraped_core_pct": off_pct})
+    proc_scraped = sum(r.proc_cpu_s[r.scraped] for r in rounds)
+    proc_unscraped = sum(r.proc_cpu_s[1 - r.scraped] for r in rounds)
+    threads: dict[str, float] = {}  # per thread name: its CPU when scraped minus when not, µs per scrape
+    if args.per_thread and scrapes:
+        names = {name for r in rounds for d in r.thread_cpu_ns for name in d}
+        for name in names:
+            on = sum(r.thread_cpu_ns[r.scraped].get(name, 0) for r in rounds)
+            off = sum(r.thread_cpu_ns[1 - r.scraped].get(name, 0) for r in rounds)
+            threads[name] = (on - off) / 1e3 / scrapes
+    figures: dict[str, Any] = {
+        "gpus": args.gpus,
+        "rate_hz": args.rate_hz,
+        "health_interval_s": args.health_interval,
+        "scrape_interval_s": args.scrape_interval,
+        "rounds": len(rounds),
+        "window_s": window_s,
+        "scrapes": scrapes,
+        "scraped_cpu_s": scraped_ns / 1e9,
+        "unscraped_cpu_s": unscraped_ns / 1e9,
+        "scraped_core_pct": 100 * scraped_ns / 1e9 / window_s,
+        "unscraped_core_pct": 100 * unscraped_ns / 1e9 / window_s,
+        "ratio": scraped_ns / unscraped_ns,
+        "overhead_pct": 100 * (scraped_ns / unscraped_ns - 1),
+        "overhead_pct_stderr": 100 * stderr_ns / unscraped_ns,
+        "cpu_us_per_scrape": (scraped_ns - unscraped_ns) / 1e3 / scrapes if scrapes else float("nan"),
+        "cpu_us_per_scrape_stderr": stderr_ns / 1e3 / scrapes if scrapes else float("nan"),
+        "proc_stat_ratio": proc_scraped / proc_unscraped if proc_unscraped else float("nan"),
+        "per_agent": per_agent,
+        "threads_us_per_scrape": threads,
+        "load_average_1m_end": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+        "round_cpu_ms": [[r.scraped, round(r.cpu_ns[0] / 1e6, 1), round(r.cpu_ns[1] / 1e6, 1)] for r in rounds],
+    }
+    print(
+        f"{args.gpus} simulated {args.profile} GPUs at {args.rate_hz:g} Hz, health every {args.health_interval:g} s;"
+        f" two agents, {len(rounds)} rounds, {window_s:.1f} s; {os.cpu_count()} CPUs (shared),"
+        f" load average {figures['load_average_1m_end']:.2f}"
+    )
+    print(
+        f"scraped every {args.scrape_interval:g} s: {figures['scraped_core_pct']:.3f} % of a core;"
+        f" not scraped: {figures['unscraped_core_pct']:.3f} %"
+    )
+    print(
+        f"ratio {figures['ratio']:.4f}: the scrapes add {figures['overhead_pct']:.2f} %"
+        f" ± {figures['overhead_pct_stderr']:.2f} % (standard error over the rounds);"
+        f" {figures['cpu_us_per_scrape']:.0f} ± {figures['cpu_us_per_scrape_stderr']:.0f} µs of the agent's CPU"
+        f" per scrape ({scrapes} scrapes); /proc/PID/stat ratio {figures['proc_stat_ratio']:.4f}"
+    )
+    for a in per_agent:
+        print(
+            f"  agent {a['agent']}: {a['scraped_core_pct']:.3f} % of a core when scraped,"
+            f" {a['unscraped_core_pct']:.3f} % when not"
+        )
+    if threads:
+        print("the scraped agent's CPU minus the other's, per thread, µs per scrape (/proc/PID/task/TID/schedstat):")
+        for name, us in sorted(threads.items(), key=lambda kv: -abs(kv[1])):
+            print(f"  {name:<20} {us:>8.1f}")
+    print("target (issue 26): the scrapes add under 5 %")
+    return figures
 
 
 if __name__ == "__main__":
