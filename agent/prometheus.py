@@ -4,15 +4,12 @@ Nothing is done per tick: a scrape renders the page from what the sampler alread
 tick's samples, the last sample of each GPU that carried PCIe and health fields, which come less
 often, and the acoustic proxy's last estimates), the XID tallies the events thread keeps, and the pod
 assignment the pod-resources poller keeps (:mod:`gpuprobe.agent.podresources`). Each GPU's label text
-is built once and again only when its facts or its pod change, and so is the page's template
-(:class:`_Layout`: every line's text but its value), which changes only with the GPUs, their fields
-or the types of their values. A field a GPU does not report is absent from the page, never 0.
+is built once and again only when its facts or its pod change. A field a GPU does not report is
+absent from the page, never 0.
 
-A scrape is the page's only cost, so both halves are made cheap (figures in ``bench/RESULTS.md``):
-the values are formatted by one ``orjson.dumps`` and put into the template by one ``%`` (the text is
-that of formatting each line with :func:`_value`, which a test checks), and :class:`PageServer`
-answers on one thread with one selector instead of :mod:`http.server`'s thread and :mod:`email`
-header parsing per request.
+A scrape is the page's only cost: :class:`PageServer` answers on one thread with one selector instead
+of :mod:`http.server`'s thread and :mod:`email` header parsing per request (figures in
+``bench/RESULTS.md``).
 
 The names, types and units are :mod:`gpuprobe.agent.dcgm_names`'s. XIDs are served twice: as
 dcgm-exporter does (``DCGM_FI_DEV_XID_ERRORS``, the last code, 0 before any), and as a counter of
@@ -29,11 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from itertools import chain
-from operator import itemgetter
 from typing import Any, Protocol
-
-import orjson
 
 from gpuprobe.agent.dcgm_names import GPU_FIELDS, LABELS, POD_LABELS, XID_EVENTS, XID_LAST, PromMetric
 from gpuprobe.agent.podresources import PodRef
@@ -90,7 +83,6 @@ class GpuExporter:
         self._lock = threading.Lock()
         self._xid_last: dict[int, int] = {}
         self._xid_counts: dict[tuple[int, int], int] = {}
-        self._layout: _Layout | None = None
         self._labels_cache: tuple[list[common_pb2.GpuInfo], Mapping[str, PodRef] | None, dict[int, str]] | None = None
 
     def event(self, event: telemetry_pb2.GpuEvent) -> None:
@@ -135,13 +127,15 @@ class GpuExporter:
     def render(self) -> bytes:
         labels = self._gpu_labels()
         gpus = self._merged(labels)
-        layout = self._layout  # one attribute: concurrent renders see a whole entry
-        flat = layout.values(labels, gpus) if layout is not None else None
-        if layout is None or flat is None:
-            layout = self._layout = _Layout(labels, gpus)
-            flat = layout.take(gpus)
-        values = layout.arrange(flat)
         out: list[str] = []
+        for field, metrics in GPU_FIELDS.items():
+            for m in metrics:
+                lines = [
+                    f"{m.name}{{{labels[i]}}} {_value(v, m)}\n" for i, s in gpus if (v := s.get(field)) is not None
+                ]
+                if lines:
+                    out.append(_HEADERS[m.name])
+                    out.extend(lines)
         with self._lock:
             xid_last = dict(self._xid_last)
             xid_counts = sorted(self._xid_counts.items())
@@ -155,7 +149,7 @@ class GpuExporter:
                 text = labels.get(index)
                 if text is not None:
                     out.append(f'{XID_EVENTS.name}{{{text},xid="{code}"}} {count}\n')
-        return layout.format(values, "".join(out))
+        return "".join(out).encode()
 
     def _merged(self, labels: dict[int, str]) -> list[tuple[int, dict[str, Any]]]:
         """Each GPU's newest values (its last tick's over its last PCIe and health reads), with the
@@ -190,157 +184,6 @@ class GpuExporter:
                 merged["mem_free_bytes"] = total - used
             gpus.append((index, merged))
         return gpus
-
-
-class _Layout:
-    """The page's GPU part for one arrangement (which GPUs, which fields each has, of which types, under
-    which labels): a ``%`` template of every line, and where each line's value comes from.
-
-    The values are taken by one ``itemgetter`` per GPU and put in page order by another; the ones
-    ``_value`` would change (units, bools) are converted in C, each kind in one go. The arrangement is
-    checked on every render (:meth:`values`), so the text is always that of formatting each line.
-    """
-
-    __slots__ = (
-        "_bools",
-        "_divisors",
-        "_order",
-        "_other_metrics",
-        "_others",
-        "_scaled",
-        "_scales",
-        "getters",
-        "indexes",
-        "keys",
-        "labels",
-        "numbers_only",
-        "reusable",
-        "template",
-        "template_bytes",
-        "types",
-    )
-
-    def __init__(self, labels: dict[int, str], gpus: list[tuple[int, dict[str, Any]]]) -> None:
-        self.labels = labels
-        self.indexes = [index for index, _ in gpus]
-        self.keys = [frozenset(merged) for _, merged in gpus]
-        # a field present as None is not served; should it get a value the keys would not show it
-        self.reusable = not any(None in merged.values() for _, merged in gpus)
-        # per GPU, the fields it serves in page order (a field once per metric); gpu_index first, so that
-        # an itemgetter always returns a tuple
-        served: list[list[tuple[str, PromMetric]]] = [[] for _ in gpus]
-        for field, metrics in GPU_FIELDS.items():
-            for m in metrics:
-                for i, (_, merged) in enumerate(gpus):
-                    if merged.get(field) is not None:
-                        served[i].append((field, m))
-        self.getters = [
-            itemgetter("gpu_index", *(f for f, _ in fields)) if fields else _gpu_index_only for fields in served
-        ]
-        flat = self.take(gpus)
-        self.types = tuple(map(type, flat))
-        offsets = []
-        offset = 0
-        for fields in served:
-            offsets.append(offset)
-            offset += 1 + len(fields)
-        # the lines in page order (metric by metric, GPU by GPU within a metric), as flat positions
-        where = {(i, m.name): offsets[i] + 1 + j for i, fields in enumerate(served) for j, (_, m) in enumerate(fields)}
-        parts: list[str] = []
-        # what _value does to a metric's values, by their types (the same on every GPU, mostly): ints and
-        # floats as they are, or else converted into a part after the GPUs' values, each part in one go
-        scaled: list[tuple[int, PromMetric]] = []
-        bools: list[int] = []
-        others: list[tuple[int, PromMetric]] = []
-        lines: list[tuple[int, PromMetric]] = []  # flat position and metric of each line, in page order
-        for metrics in GPU_FIELDS.values():
-            for m in metrics:
-                start = len(lines)
-                for i, (index, _) in enumerate(gpus):
-                    p = where.get((i, m.name))
-                    if p is None:
-                        continue
-                    if start == len(lines):
-                        parts.append(_HEADERS[m.name].replace("%", "%%"))  # "(in %)."
-                    parts.append(f"{m.name}{{{labels[index]}}} ".replace("%", "%%") + "%s\n")
-                    lines.append((p, m))
-                kinds = {self.types[p] for p, _ in lines[start:]}
-                if kinds == {bool}:  # 1 or 0 whatever the metric's unit
-                    bools.extend(p for p, _ in lines[start:])
-                elif kinds - {int, float}:
-                    others.extend(lines[start:])
-                elif m.scale != 1.0 or m.divisor != 1.0:
-                    scaled.extend(lines[start:])
-        self.template = "".join(parts) + "%s"
-        self.template_bytes = self.template.encode()
-        # every value an int or a float: one orjson.dumps of them all (Ryu, about ten times faster than repr)
-        self.numbers_only = not others
-        self._scaled = _picker([p for p, _ in scaled])
-        self._scales = [m.scale for _, m in scaled]
-        self._divisors = [m.divisor for _, m in scaled]
-        self._bools = _picker(bools)
-        self._others = _picker([p for p, _ in others])
-        self._other_metrics = [m for _, m in others]
-        converted = {p: len(flat) + k for k, p in enumerate([p for p, _ in scaled] + bools + [p for p, _ in others])}
-        self._order = _picker([converted.get(p, p) for p, _ in lines])
-
-    def arrange(self, flat: list[Any]) -> list[Any]:
-        """The values of :meth:`take` in page order, converted as _value converts them."""
-        extra: list[Any] = list(
-            map(float.__truediv__, map(float.__mul__, map(float, self._scaled(flat)), self._scales), self._divisors)
-        )
-        extra += map(int, self._bools(flat))
-        if self._other_metrics:
-            extra += [_value(v, m) for v, m in zip(self._others(flat), self._other_metrics, strict=True)]
-        return list(self._order(flat + extra))
-
-    def format(self, values: list[Any], tail: str) -> bytes:
-        """The page: the values (ints, floats and _value's strings) put in the template, then ``tail``
-        (the XIDs' lines; in the one ``%``, which saves a copy of the page)."""
-        if self.numbers_only:
-            try:
-                numbers = orjson.dumps(values)
-            except TypeError:  # an int beyond 64 bits
-                pass
-            else:
-                # orjson writes what repr writes, except where repr writes an exponent (below 1e-4, whose
-                # decimals start 0.0000, and from 1e16), NaN and the infinities (null): those take repr
-                if b"e" not in numbers and b"0.0000" not in numbers and b"null" not in numbers:
-                    return self.template_bytes % (*(numbers[1:-1].split(b",") if values else ()), tail.encode())
-        return (self.template % (*values, tail)).encode()
-
-    def take(self, gpus: list[tuple[int, dict[str, Any]]]) -> list[Any]:
-        """The served values of every GPU, GPU by GPU (gpu_index first)."""
-        return list(chain.from_iterable(get(merged) for get, (_, merged) in zip(self.getters, gpus, strict=True)))
-
-    def values(self, labels: dict[int, str], gpus: list[tuple[int, dict[str, Any]]]) -> list[Any] | None:
-        """:meth:`take`, or None when these GPUs' arrangement is not this layout's."""
-        if (
-            not self.reusable
-            or labels is not self.labels
-            or len(gpus) != len(self.keys)
-            or any(
-                index != i or merged.keys() != k
-                for (index, merged), i, k in zip(gpus, self.indexes, self.keys, strict=True)
-            )
-        ):
-            return None
-        try:
-            flat = self.take(gpus)
-        except KeyError:
-            return None
-        return flat if tuple(map(type, flat)) == self.types else None
-
-
-def _gpu_index_only(merged: dict[str, Any]) -> tuple[Any, ...]:
-    return (merged["gpu_index"],)
-
-
-def _picker(positions: list[int]) -> Callable[[list[Any]], Sequence[Any]]:
-    """The items at ``positions`` of a list, as a sequence (itemgetter of one position gives the item)."""
-    if len(positions) >= 2:
-        return itemgetter(*positions)
-    return lambda items: [items[p] for p in positions]
 
 
 class PageServer:

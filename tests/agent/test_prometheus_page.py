@@ -10,13 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuprobe.agent.dcgm_names import DCGM_DEFAULT_COUNTERS, GPU_FIELDS, NOT_SERVED, XID_LAST
 from gpuprobe.agent.podresources import PodRef, assignments_of
-from gpuprobe.agent.prometheus import GpuExporter, _value
+from gpuprobe.agent.prometheus import GpuExporter
 from gpuprobe.agent.sensors.events import xid_text
 from gpuprobe.kubelet.v1 import podresources_pb2
 from gpuprobe.v1 import common_pb2, telemetry_pb2
@@ -188,78 +186,3 @@ def test_the_pod_resources_answer_maps_gpu_uuids_to_their_container() -> None:
         "GPU-b": ("train-0", "ml", "trainer"),
         "MIG-c": ("infer-2", "serving", "server"),
     }
-
-
-# --- the page's text against formatting it line by line; the endpoint ---------------------------------
-
-
-def line_by_line(exporter: GpuExporter) -> str:
-    """The GPU part of the page formatted one line at a time with ``_value``, as the exporter formatted it
-    before its templates: what the templates and orjson must reproduce byte for byte."""
-    labels = exporter._gpu_labels()
-    gpus = exporter._merged(labels)
-    out: list[str] = []
-    for name, metrics in GPU_FIELDS.items():
-        for m in metrics:
-            lines = [f"{m.name}{{{labels[i]}}} {_value(v, m)}\n" for i, s in gpus if (v := s.get(name)) is not None]
-            if lines:
-                out.append(f"# HELP {m.name} {m.help}\n# TYPE {m.name} {m.type}\n")
-                out.extend(lines)
-    return "".join(out)
-
-
-NUMBERS = st.one_of(
-    st.integers(min_value=-(2**70), max_value=2**70),  # beyond orjson's 64 bits too
-    st.floats(),  # NaN, infinities, -0.0, below 1e-4 and from 1e16 (where repr writes an exponent)
-    st.sampled_from([0.00001234, 1e-5, 1e16, 9999999999999998.0, 0.1, 71.0, 1980]),
-    st.booleans(),
-)
-VALUES = st.one_of(NUMBERS, st.none())  # present but None: not served
-FIELDS = st.sampled_from([*GPU_FIELDS, "mem_total_bytes"])
-SAMPLES = st.dictionaries(FIELDS, NUMBERS, max_size=len(GPU_FIELDS))
-SAMPLES_WITH_NONE = st.dictionaries(FIELDS, VALUES, max_size=len(GPU_FIELDS))
-ODD_INFOS = [
-    common_pb2.GpuInfo(index=i, uuid=f'GPU-{i}"%s', name=f"NVIDIA 100% {i} \\ é", pci_bus_id="0", driver_version="%d")
-    for i in range(2)
-]
-
-
-def same_type(value: Any) -> st.SearchStrategy[Any]:
-    if isinstance(value, bool):
-        return st.booleans()
-    if isinstance(value, int):
-        return st.integers(min_value=-(2**70), max_value=2**70)
-    if isinstance(value, float):
-        return st.floats()
-    return VALUES  # None: served once it has a value
-
-
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_the_page_is_the_line_by_line_text_whatever_the_values(data: st.DataObject) -> None:
-    """Renders by one exporter: new values of the same types for the same fields (the arrangement is
-    kept), of any types, more fields, or other fields; labels with %, quotes, backslashes and non-ASCII."""
-    first = data.draw(st.lists(st.one_of(SAMPLES, SAMPLES_WITH_NONE), max_size=2))
-    slow = data.draw(SAMPLES)
-    change = data.draw(st.sampled_from(["same types", "any types", "more fields", "other fields"]))
-    if change == "same types":
-        then = [{k: data.draw(same_type(v)) for k, v in s.items()} for s in first]
-    elif change == "any types":
-        then = [{k: data.draw(VALUES) for k in s} for s in first]
-    elif change == "more fields":  # the same values, and others
-        then = [{**data.draw(SAMPLES), **s} for s in first]
-    else:
-        then = data.draw(st.lists(SAMPLES_WITH_NONE, max_size=2))
-    pods = {ODD_INFOS[1].uuid: ("train-%d", "ml%", "c")}
-    readings = Readings(latest_slow={0: ({**slow, "time_unix_ns": 1, "gpu_index": 0},)})
-    exporter = GpuExporter(readings, lambda: ODD_INFOS, "node-100%", lambda: pods)
-    exporter.event(xid(1, 79))
-    for samples in (first, first, then, then):
-        readings.latest = [{**s, "time_unix_ns": 2, "gpu_index": i} for i, s in enumerate(samples)]
-        text = exporter.render().decode()
-        gpu_part = line_by_line(exporter)
-        assert text.startswith(gpu_part)
-        rest = text[len(gpu_part) :]
-        assert rest == "" or rest.startswith((f"# HELP {XID_LAST.name} ", "# HELP gpuprobe_gpu_xid_events_total ")), (
-            rest
-        )
