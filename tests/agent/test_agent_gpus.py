@@ -214,13 +214,14 @@ def test_without_nvml_the_agent_samples_the_host_with_its_hwmon_sensors(
 
 def test_field_values_unpacked_in_one_go_read_as_pynvml_reads_them() -> None:
     """The NVLink fields (throughput per link, error totals) are unpacked from the raw array in one call,
-    not field by field; every NVML value type must come out as pynvml's own union member gives it (a
-    driver may answer a field in another type than the simulator)."""
+    not field by field, and the native sampler hands each field's 8 raw bytes; every NVML value type must
+    come out as pynvml's own union member gives it (a driver may answer a field in another type than the
+    simulator)."""
     import ctypes
 
     import pynvml
 
-    from gpuprobe.nvml.sensor import _FIELD_VALUE, _field_value, _plain, _unpacked_int
+    from gpuprobe.nvml.sensor import _FIELD_VALUE, _plain, _raw_value, _unpacked_int
 
     assert _FIELD_VALUE.size == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
     cases = [  # valueType, union member, value
@@ -238,7 +239,9 @@ def test_field_values_unpacked_in_one_go_read_as_pynvml_reads_them() -> None:
         array[i].valueType = value_type
         setattr(array[i].value, member, value)
     unpacked = [_unpacked_int(f) for f in _FIELD_VALUE.iter_unpack(bytes(array))]
-    assert unpacked == [int(_field_value(array[i])) for i in range(len(cases))]
+    members = [getattr(array[i].value, member) for i, (_, member, _) in enumerate(cases)]
+    assert [_raw_value(vt, int(array[i].value.ullVal)) for i, (vt, _, _) in enumerate(cases)] == members
+    assert unpacked == [int(m) for m in members]
     assert unpacked == [12345, 4_000_000_000, 2**40 + 5, 2**63 + 7, -5, -7, 65_000]
 
 
