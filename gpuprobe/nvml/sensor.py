@@ -1,15 +1,19 @@
 """Part: nvml (ground floor). GPU sensor: every field of the ``gpu`` measurement, read through NVML.
 
-The agent's sampler reads it (:meth:`GpuSensor.read_all`), and so does the control plane of a node
-that runs ``gpuprobe control-agent`` (:meth:`GpuSensor.read_gpu`, through ``gpuprobe.control.gpus``):
+The agent's sampler reads it (:meth:`GpuSensor.start_sampling`, :meth:`GpuSensor.drain`), and so does
+the control plane of a node that runs ``gpuprobe control-agent`` (:meth:`GpuSensor.read_gpu`, through
+``gpuprobe.control.gpus``):
 one NVML boundary (``gpuprobe/nvml/``, the only package that imports pynvml), one translation of
 NVML's errors (:mod:`gpuprobe.nvml.errors`; ``tests/test_module_graph.py`` checks the boundary).
 It sits below the agent and the control plane so that neither imports the other to read a GPU.
 
 Static facts (:class:`~gpuprobe.v1.common_pb2.GpuInfo`) are read once per GPU when the sensor opens,
-through pynvml's ordinary wrappers. The per-sample path is the hot path (10-50 reads per GPU per
-second), so it calls the NVML C functions that pynvml loaded directly, with output buffers allocated
-once per GPU, and batches four fields into one ``nvmlDeviceGetFieldValues`` call:
+through pynvml's ordinary wrappers. The per-tick reads (10-50 per GPU per second) are made by the native
+sampler (:mod:`gpuprobe.nvml.native`, a C thread on its own absolute schedule, each tick a record in a
+bounded ring) from the plan :meth:`GpuSensor.start_sampling` hands it; :meth:`GpuSensor.drain` turns the
+records into samples, here, so that what each answer means is written once (the :data:`Decode` functions,
+which :meth:`GpuSensor.read_gpu` and the probe at start apply to their own reads of the same C functions,
+with buffers allocated once per GPU). Four fields go into one ``nvmlDeviceGetFieldValues`` call:
 
 =====================  ===================================================  ==========================
 sample key             NVML source                                          unit conversion
@@ -78,7 +82,7 @@ Errors are translated here, once:
 
 - ``NOT_SUPPORTED`` (or a missing function), and ``NO_PERMISSION`` (nvml.h: a MIG-enabled GPU's memory
   and process lists for an unprivileged caller; its MIG instances' memory is read instead): the field is
-  absent from every later sample of that GPU (never a fake zero), dropped from the hot path (also when
+  absent from every later sample of that GPU (never a fake zero), dropped from the per-tick reads (also when
   it stops being possible later, as when MIG is switched on), not counted as a read error, and the
   fact is logged once per GPU and field.
 - ``GPU_IS_LOST``, and the other answers after which a GPU gives nothing (``RESET_REQUIRED``,
@@ -457,7 +461,8 @@ class _Gpu:
 
 
 class GpuSensor:
-    """All GPUs of the node. ``read_all`` is called by the sampler thread only."""
+    """All GPUs of the node. ``start_sampling``, ``drain`` and ``read_health`` are called by one thread (the
+    agent's sampler)."""
 
     def __init__(
         self, gpus: list[_Gpu], driver_version: str, virtualization: common_pb2.Virtualization, lost_retry_s: float
@@ -1014,7 +1019,7 @@ class GpuSensor:
         """The health interval's reads of GPU ``index``, added to ``sample`` (its tick's sample).
 
         None when the GPU is lost (also when it is lost during these reads). Called by the sampler
-        thread only, like :meth:`read_all`.
+        thread only, like :meth:`drain`.
         """
         gpu = self._by_index.get(index)
         if gpu is None or gpu.lost or not gpu.known:

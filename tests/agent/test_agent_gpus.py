@@ -186,6 +186,19 @@ def test_spool_directory_in_use_is_refused(tmp_path: Path, receiver: Receiver, a
     assert first.terminate() == 0
 
 
+def test_without_a_native_sampler_the_agent_exits_2_naming_the_command_that_builds_it(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    """GPUs but no native sampler to read them (GPUPROBE_SAMPLER_LIB_DIR names a folder without it): the
+    agent says so, names the build command and exits 2, rather than sample the GPUs some slower way."""
+    sim = machine(tmp_path / "sim", ["L4"])
+    empty = tmp_path / "no-sampler"
+    empty.mkdir()
+    agent = agent_factory(sim, [receiver.address], env={"GPUPROBE_SAMPLER_LIB_DIR": str(empty)})
+    assert agent.proc is not None and agent.proc.wait(30) == 2
+    assert "native GPU sampler" in agent.log() and "python -m gpuprobe.nvml.native" in agent.log()
+
+
 def test_without_nvml_the_agent_samples_the_host_with_its_hwmon_sensors(
     tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
 ) -> None:

@@ -410,6 +410,7 @@ EXPORT int gs_start(const gs_gpu *gpus, uint32_t ngpus, const gs_call *calls, ui
         free_plan();
         return -4;
     }
+    pthread_setname_np(S.thread, "gpuprobe-native"); /* so a per-thread profile tells it from Python's */
     S.running = 1;
     return 0;
 }
