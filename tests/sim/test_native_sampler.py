@@ -288,9 +288,7 @@ def test_the_ticks_stay_on_their_grid_with_the_other_core_busy(sim: Sim) -> None
     """A busy loop on every core but the sampler's own (this is a 2-core machine: the other core) for the
     whole run: no tick is lost and the ticks' median lateness stays within 5 ms of the grid."""
     machine = sim.machine("H100-SXM5-80GB", gpus=8)
-    busy = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(1, (os_cpus() or 2) - 1))
-    ]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(1, (os_cpus() or 2) - 1))]
     try:
         out = _run(
             sim,
