@@ -95,6 +95,7 @@ class Stats:
     overwritten: int  # records overwritten before they were drained
     missed_ticks: int  # ticks skipped because the previous one overran by more than half an interval
     running: bool
+    error: int  # the errno that stopped the thread (its clock_nanosleep failed); 0 while it runs
 
 
 class _GsGpu(ctypes.Structure):
@@ -116,7 +117,7 @@ class _GsStats(ctypes.Structure):
         ("overwritten", ctypes.c_uint64),
         ("missed_ticks", ctypes.c_uint64),
         ("running", ctypes.c_int32),
-        ("pad", ctypes.c_int32),
+        ("error", ctypes.c_int32),
     )
 
 
@@ -242,7 +243,7 @@ class NativeSampler:
         record, buffer = self._record, self._buffer
         if record is None or buffer is None:
             self._lib.gs_drain(None, 0, ctypes.byref(stats))
-            return [], Stats(int(stats.written), int(stats.overwritten), int(stats.missed_ticks), bool(stats.running))
+            return [], _stats(stats)
         n = self._lib.gs_drain(buffer, self._capacity, ctypes.byref(stats))
         g = self._ngpus
         out: list[Record] = []
@@ -250,11 +251,17 @@ class NativeSampler:
             rest = fields[4 + g :]
             values = tuple((rest[i], rest[i + 2], rest[i + 3]) for i in range(0, len(rest), 4))
             out.append(Record(fields[0], fields[1], fields[2], fields[3], fields[4 : 4 + g], values))
-        return out, Stats(int(stats.written), int(stats.overwritten), int(stats.missed_ticks), bool(stats.running))
+        return out, _stats(stats)
 
     def stop(self) -> None:
         """Stop the thread (at most one interval later); the records not drained yet can still be drained."""
         self._lib.gs_stop()
+
+
+def _stats(stats: _GsStats) -> Stats:
+    return Stats(
+        int(stats.written), int(stats.overwritten), int(stats.missed_ticks), bool(stats.running), int(stats.error)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

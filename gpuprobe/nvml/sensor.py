@@ -103,6 +103,7 @@ import contextlib
 import ctypes
 import functools
 import logging
+import os
 import struct
 import sys
 import time
@@ -838,6 +839,8 @@ class GpuSensor:
         self.overwritten_ticks += stats.overwritten - self._run_overwritten
         self.missed_ticks += stats.missed_ticks - self._run_missed
         self._run_overwritten, self._run_missed = stats.overwritten, stats.missed_ticks
+        if stats.error:  # its thread stopped: no more ticks will come (the caller decides what that means)
+            raise OSError(stats.error, os.strerror(stats.error))
         now = time.monotonic()
         for gpu in self._gpus:
             if not gpu.known and now >= gpu.retry_at and self._identify(gpu):

@@ -25,6 +25,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -91,7 +92,7 @@ typedef struct {
     uint64_t overwritten; /* records overwritten before they were drained */
     uint64_t missed_ticks;
     int32_t running;
-    int32_t pad;
+    int32_t error; /* the errno that stopped the thread (clock_nanosleep failed), 0 while it runs */
 } gs_stats;
 
 typedef int (*fn_fields)(void *, int, void *);
@@ -329,7 +330,13 @@ static void *run(void *unused) {
              now = now_ns(CLOCK_MONOTONIC)) {
             int64_t until = due_ns - now > STOP_CHECK_NS ? now + STOP_CHECK_NS : due_ns;
             struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
-            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL); /* EINTR: the loop sleeps again */
+            int rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+            if (rc && rc != EINTR) { /* no schedule without a clock to sleep on: stop, and say why */
+                pthread_mutex_lock(&S.lock);
+                S.stats.error = rc;
+                pthread_mutex_unlock(&S.lock);
+                return NULL;
+            }
         }
         if (atomic_load(&S.stop)) break;
         tick(n, due_ns, now_ns(CLOCK_MONOTONIC));
