@@ -107,6 +107,7 @@ class Sampler:
         self._last_read_errors = 0
         self._last_missed = 0
         self._last_overwritten = 0
+        self._realtime_said: bool | None = None
         self._taken = 0  # samples taken since the counters were last updated (once per second)
         # the newest tick's GPU samples, at most a second old (replaced, never changed, so other threads may
         # read it: the embedded control plane reads power, temperature and energy from it, gpuprobe.agent.fleet)
@@ -160,7 +161,7 @@ class Sampler:
                 if self._native is None:
                     raise RuntimeError("GPUs to sample but no native sampler")
                 ring_ticks = max(8, math.ceil(RING_S / self.interval_s))
-                gpus.start_sampling(self._native, self.interval_s, self._pcie_every, ring_ticks, t0_ns)
+                gpus.start_sampling(self._native, self.interval_s, self._pcie_every, ring_ticks, t0_ns, realtime=True)
             m = 0  # the drain number: drain m comes half an interval after tick m·per_drain
             while True:
                 delay_s = (t0_ns + m * per_drain * interval_ns + interval_ns // 2 - time.monotonic_ns()) / 1e9
@@ -209,6 +210,15 @@ class Sampler:
         if gpus is None:
             return []
         ticks = gpus.drain()
+        if self._realtime_said is None or self._realtime_said != gpus.realtime:
+            self._realtime_said = gpus.realtime
+            if gpus.realtime:
+                log.info("the native sampler's thread runs under SCHED_FIFO (priority 1): its ticks wake on time")
+            else:
+                log.info(
+                    "the native sampler's thread runs at normal priority (SCHED_FIFO needs CAP_SYS_NICE): with"
+                    " every core busy its ticks may wake late"
+                )
         overwritten = gpus.overwritten_ticks - self._last_overwritten
         if overwritten:
             self._last_overwritten = gpus.overwritten_ticks

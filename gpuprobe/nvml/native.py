@@ -30,7 +30,7 @@ SONAME = "libgpuprobe-sampler.so"
 LIB_ENV = "GPUPROBE_SAMPLER_LIB_DIR"
 BUILD_COMMAND = "python -m gpuprobe.nvml.native"  # (or `make sim` in a checkout)
 NVML_LIBRARY = "libnvidia-ml.so.1"  # the library pynvml loaded: the C side binds the same one
-ABI = 1  # sampler.c's GS_ABI
+ABI = 2  # sampler.c's GS_ABI
 NOT_READ = -1  # a call's status on a tick it was not made (off its period, GPU skipped, disabled)
 
 LIBRARY = CLibrary(
@@ -96,6 +96,7 @@ class Stats:
     missed_ticks: int  # ticks skipped because the previous one overran by more than half an interval
     running: bool
     error: int  # the errno that stopped the thread (its clock_nanosleep failed); 0 while it runs
+    realtime: bool  # the thread runs under SCHED_FIFO (asked for, and the process may: CAP_SYS_NICE)
 
 
 class _GsGpu(ctypes.Structure):
@@ -118,6 +119,8 @@ class _GsStats(ctypes.Structure):
         ("missed_ticks", ctypes.c_uint64),
         ("running", ctypes.c_int32),
         ("error", ctypes.c_int32),
+        ("realtime", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
     )
 
 
@@ -148,6 +151,7 @@ class NativeSampler:
             ctypes.c_uint32,
             ctypes.c_uint32,
             ctypes.c_uint64,
+            ctypes.c_int,
         )
         lib.gs_drain.argtypes = (ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(_GsStats))
         lib.gs_drain.restype = ctypes.c_uint32
@@ -192,10 +196,12 @@ class NativeSampler:
         retry_ticks: int,
         capacity: int,
         first_tick: int = 0,
+        realtime: bool = False,
     ) -> None:
         """Start the thread: tick n (from ``first_tick``) at ``t0_mono_ns + n * interval_ns`` (CLOCK_MONOTONIC, as
         ``time.monotonic_ns``); a GPU whose call answers one of ``stop_codes`` is skipped for
-        ``retry_ticks`` ticks; ``capacity`` records in the ring."""
+        ``retry_ticks`` ticks; ``capacity`` records in the ring; ``realtime``: the thread asks for SCHED_FIFO at
+        the lowest priority (granted with CAP_SYS_NICE; :attr:`Stats.realtime` says whether it was)."""
         calls = [c for g in gpus for c in g.calls]
         gs_gpus = (_GsGpu * max(1, len(gpus)))()
         first = 0
@@ -225,6 +231,7 @@ class NativeSampler:
             retry_ticks,
             capacity,
             first_tick,
+            int(realtime),
         )
         if rc != 0:
             raise NativeSamplerError(f"the native GPU sampler did not start: {_START_ERRORS.get(rc, rc)}")
@@ -260,7 +267,12 @@ class NativeSampler:
 
 def _stats(stats: _GsStats) -> Stats:
     return Stats(
-        int(stats.written), int(stats.overwritten), int(stats.missed_ticks), bool(stats.running), int(stats.error)
+        int(stats.written),
+        int(stats.overwritten),
+        int(stats.missed_ticks),
+        bool(stats.running),
+        int(stats.error),
+        bool(stats.realtime),
     )
 
 

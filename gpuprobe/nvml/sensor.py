@@ -487,6 +487,8 @@ class GpuSensor:
         self._replan = False
         self.overwritten_ticks = 0  # ticks the native sampler overwrote before they were drained
         self.missed_ticks = 0  # ticks it skipped (the previous one overran by more than half an interval)
+        self._want_realtime = False
+        self.realtime = False  # its thread runs under SCHED_FIFO (as of the last drain)
         # told (index, lost, reason) when a GPU stops answering (one of the GONE codes) and when it answers
         # again; called in the thread that reads (the sampler's); set it with set_lost_hook
         self.on_lost: Callable[[int, bool, str], None] | None = None
@@ -789,17 +791,20 @@ class GpuSensor:
         pcie_every: int = 1,
         ring_ticks: int = 64,
         t0_mono_ns: int | None = None,
+        realtime: bool = False,
     ) -> None:
         """Hand the per-tick reads of every known GPU to the native sampler (:mod:`gpuprobe.nvml.native`):
         tick ``n`` at ``t0_mono_ns + n * interval_s`` (``time.monotonic_ns``'s clock; now by default), the
         GPU at position ``p`` reading PCIe on the ticks with ``n % pcie_every == p % pcie_every``, at most
         ``ring_ticks`` ticks kept until :meth:`drain` takes them (older ones are overwritten and counted in
-        :attr:`overwritten_ticks`)."""
+        :attr:`overwritten_ticks`); ``realtime``: its thread asks for SCHED_FIFO (:attr:`realtime` says, after
+        a drain, whether it got it)."""
         self._native = sampler
         self._interval_ns = max(1, round(interval_s * 1e9))
         self._pcie_every = max(1, pcie_every)
         self._ring_ticks = ring_ticks
         self._t0_ns = time.monotonic_ns() if t0_mono_ns is None else t0_mono_ns
+        self._want_realtime = realtime
         self._start_plan(0)
 
     def _start_plan(self, first_tick: int) -> None:
@@ -817,7 +822,16 @@ class GpuSensor:
             plan.append(NativeGpu(_address(gpu.handle), tuple(calls)))
             slots.append((gpu, what))
         retry_ticks = max(1, round(self._lost_retry_s * 1e9 / self._interval_ns))
-        native.start(plan, sorted(GONE), self._t0_ns, self._interval_ns, retry_ticks, self._ring_ticks, first_tick)
+        native.start(
+            plan,
+            sorted(GONE),
+            self._t0_ns,
+            self._interval_ns,
+            retry_ticks,
+            self._ring_ticks,
+            first_tick,
+            self._want_realtime,
+        )
         self._plan = slots
         self._run_overwritten = 0
         self._run_missed = 0
@@ -839,6 +853,7 @@ class GpuSensor:
         self.overwritten_ticks += stats.overwritten - self._run_overwritten
         self.missed_ticks += stats.missed_ticks - self._run_missed
         self._run_overwritten, self._run_missed = stats.overwritten, stats.missed_ticks
+        self.realtime = stats.realtime
         if stats.error:  # its thread stopped: no more ticks will come (the caller decides what that means)
             raise OSError(stats.error, os.strerror(stats.error))
         now = time.monotonic()

@@ -286,7 +286,8 @@ def test_the_ring_overwrites_the_oldest_ticks_and_counts_them(sim: Sim) -> None:
 
 def test_the_ticks_stay_on_their_grid_with_the_other_core_busy(sim: Sim) -> None:
     """A busy loop on every core but the sampler's own (this is a 2-core machine: the other core) for the
-    whole run: no tick is lost and the ticks' median lateness stays within 5 ms of the grid."""
+    whole run: no tick is lost and the ticks' median lateness stays within 5 ms of the grid (with SCHED_FIFO
+    where the test may have it, as the agent asks; at normal priority elsewhere)."""
     machine = sim.machine("H100-SXM5-80GB", gpus=8)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(1, (os_cpus() or 2) - 1))]
     try:
@@ -295,7 +296,7 @@ def test_the_ticks_stay_on_their_grid_with_the_other_core_busy(sim: Sim) -> None
             machine,
             """
             import time
-            sensor.start_sampling(NativeSampler.load(), 0.1)
+            sensor.start_sampling(NativeSampler.load(), 0.1, realtime=True)  # as the agent starts it
             time.sleep(3.05)
             got = ticks()
             sensor.stop_sampling()

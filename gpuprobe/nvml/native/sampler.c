@@ -27,6 +27,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,7 +37,7 @@
 #define EXPORT __attribute__((visibility("default")))
 
 /* The ABI with gpuprobe/nvml/native.py: bump it with any change to the structures or the kinds below. */
-#define GS_ABI 1
+#define GS_ABI 2
 
 enum gs_kind {
     GS_FIELD = 0,          /* nvmlDeviceGetFieldValues, arg = field id (scope 0); a = the value's 8 bytes, b = valueType */
@@ -93,6 +94,8 @@ typedef struct {
     uint64_t missed_ticks;
     int32_t running;
     int32_t error; /* the errno that stopped the thread (clock_nanosleep failed), 0 while it runs */
+    int32_t realtime; /* 1: the thread runs under SCHED_FIFO (gs_start asked, and the process may) */
+    int32_t pad;
 } gs_stats;
 
 typedef int (*fn_fields)(void *, int, void *);
@@ -123,6 +126,7 @@ static struct {
     uint64_t *skip_until; /* per GPU: the first tick it is read again after a stop code */
     int64_t t0_ns, interval_ns;
     uint64_t first_tick;
+    int want_realtime;
     /* the ring */
     unsigned char *ring, *scratch;
     size_t record_size;
@@ -322,6 +326,16 @@ static void publish(void) {
 
 static void *run(void *unused) {
     (void)unused;
+    if (S.want_realtime) {
+        /* the lowest real-time priority: its ~100 us a tick wake on time even with every core busy, and any
+         * other real-time task (and the kernel's RT throttling) still comes first. Without CAP_SYS_NICE the
+         * call fails and the thread stays a normal one. */
+        struct sched_param sp = {.sched_priority = 1};
+        int ok = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0;
+        pthread_mutex_lock(&S.lock);
+        S.stats.realtime = ok;
+        pthread_mutex_unlock(&S.lock);
+    }
     uint64_t n = S.first_tick;
     while (!atomic_load(&S.stop)) {
         int64_t due_ns = S.t0_ns + (int64_t)n * S.interval_ns;
@@ -375,7 +389,7 @@ static void free_plan(void) {
  * -5 a bad argument. */
 EXPORT int gs_start(const gs_gpu *gpus, uint32_t ngpus, const gs_call *calls, uint32_t ncalls, const int *stop_codes,
                     uint32_t nstop, int64_t t0_mono_ns, int64_t interval_ns, uint32_t retry_ticks, uint32_t capacity,
-                    uint64_t first_tick) {
+                    uint64_t first_tick, int realtime) {
     if (!S.lib) return -1;
     if (S.running) return -2;
     if (interval_ns <= 0 || capacity == 0 || nstop > GS_MAX_STOP || retry_ticks == 0) return -5;
@@ -409,6 +423,7 @@ EXPORT int gs_start(const gs_gpu *gpus, uint32_t ngpus, const gs_call *calls, ui
     S.t0_ns = t0_mono_ns;
     S.interval_ns = interval_ns;
     S.first_tick = first_tick;
+    S.want_realtime = realtime;
     S.capacity = capacity;
     S.write_seq = S.read_seq = 0;
     memset(&S.stats, 0, sizeof S.stats);
