@@ -102,7 +102,7 @@ class Sampler:
         #: exits rather than stream on with no samples.
         self.on_failure: Callable[[BaseException], None] | None = None
         self._thread = threading.Thread(target=self._run, name="gpuprobe-sampler", daemon=True)
-        self.heartbeat_mono = time.monotonic()  # end of the last tick, for the watchdog
+        self.heartbeat_mono = time.monotonic()  # the last drain that found new ticks, for the watchdog
         self.ticks = 0
         self._last_read_errors = 0
         self._last_missed = 0
@@ -169,9 +169,13 @@ class Sampler:
                     break
                 if self._stop.is_set():
                     break
+                ticks = self.ticks
                 latest = self._drain()
                 self._slow(latest)
-                self.heartbeat_mono = time.monotonic()
+                if gpus is None or self.ticks > ticks:
+                    # the watchdog's heartbeat: the native sampler made ticks (one stuck in an NVML call
+                    # makes none, and the watchdog has systemd restart the agent, as before)
+                    self.heartbeat_mono = time.monotonic()
                 # a late drain does not catch up: the next one is the next due in the future
                 m = max(m + 1, (time.monotonic_ns() - t0_ns) // (per_drain * interval_ns) + 1)
         except Exception as e:
