@@ -230,18 +230,32 @@ _FIELD_VALUE = struct.Struct("=IIqqiiQ")
 _FIELD_ANSWER = "=24x4xiQ"
 
 
+# nvmlValueType_t (nvml.h's NVML_VALUE_TYPE_*, checked against it by tests/sim/test_nvml_header.py)
+VALUE_DOUBLE, VALUE_UNSIGNED_INT, VALUE_UNSIGNED_LONG, VALUE_UNSIGNED_LONG_LONG = 0, 1, 2, 3
+VALUE_SIGNED_LONG_LONG, VALUE_SIGNED_INT, VALUE_UNSIGNED_SHORT = 4, 5, 6
+VALUE_TYPES = {
+    VALUE_DOUBLE: "DOUBLE",
+    VALUE_UNSIGNED_INT: "UNSIGNED_INT",
+    VALUE_UNSIGNED_LONG: "UNSIGNED_LONG",
+    VALUE_UNSIGNED_LONG_LONG: "UNSIGNED_LONG_LONG",
+    VALUE_SIGNED_LONG_LONG: "SIGNED_LONG_LONG",
+    VALUE_SIGNED_INT: "SIGNED_INT",
+    VALUE_UNSIGNED_SHORT: "UNSIGNED_SHORT",
+}
+
+
 def _raw_value(vt: int, raw: int) -> float | int:
     """The value of an nvmlValue_t from its valueType and its 8 raw bytes read as one unsigned integer (a
     narrower member is its first bytes, the low ones on a little-endian host): a double is a float."""
-    if vt == 3 or vt == 2:  # unsigned long long, unsigned long (8 bytes on Linux)
+    if vt == VALUE_UNSIGNED_LONG_LONG or vt == VALUE_UNSIGNED_LONG:  # (unsigned long: 8 bytes on Linux)
         return raw
-    if vt == 0:  # double
+    if vt == VALUE_DOUBLE:
         return float(struct.unpack("=d", raw.to_bytes(8, sys.byteorder))[0])
-    if vt == 4:  # signed long long
+    if vt == VALUE_SIGNED_LONG_LONG:
         return raw - (1 << 64) if raw >> 63 else raw
-    bits = 16 if vt == 6 else 32  # unsigned short; unsigned / signed int
+    bits = 16 if vt == VALUE_UNSIGNED_SHORT else 32  # unsigned short; unsigned / signed int
     low = raw & ((1 << bits) - 1) if sys.byteorder == "little" else raw >> (64 - bits)
-    if vt == 5 and low >> 31:  # signed int
+    if vt == VALUE_SIGNED_INT and low >> 31:
         return low - (1 << 32)
     return low
 

@@ -380,17 +380,8 @@ def _python_constants() -> list[tuple[str, Any, str]]:
         out.append((f"sensor.GPM_METRICS {key}", gpm[key], f"NVML_GPM_METRIC_{metric}"))
     for number, arch in sensor.ARCHITECTURES.items():
         out.append((f"sensor.ARCHITECTURES {arch}", number, f"NVML_DEVICE_ARCH_{arch.upper()}"))
-    for number, member in sensor.VALUE_MEMBERS.items():
-        kind = {
-            "dVal": "DOUBLE",
-            "uiVal": "UNSIGNED_INT",
-            "ulVal": "UNSIGNED_LONG",
-            "ullVal": "UNSIGNED_LONG_LONG",
-            "sllVal": "SIGNED_LONG_LONG",
-            "siVal": "SIGNED_INT",
-            "usVal": "UNSIGNED_SHORT",
-        }[member]
-        out.append((f"sensor.VALUE_MEMBERS {member}", number, f"NVML_VALUE_TYPE_{kind}"))
+    for number, kind in sensor.VALUE_TYPES.items():
+        out.append((f"sensor.VALUE_TYPES {kind}", number, f"NVML_VALUE_TYPE_{kind}"))
     for number, mode in zip(
         sorted(sensor.VIRTUALIZATION_MODES), ("NONE", "PASSTHROUGH", "VGPU", "HOST_VGPU", "HOST_VSGA"), strict=True
     ):
