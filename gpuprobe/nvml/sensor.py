@@ -247,7 +247,7 @@ VALUE_TYPES = {
 def _raw_value(vt: int, raw: int) -> float | int:
     """The value of an nvmlValue_t from its valueType and its 8 raw bytes read as one unsigned integer (a
     narrower member is its first bytes, the low ones on a little-endian host): a double is a float."""
-    if vt == VALUE_UNSIGNED_LONG_LONG or vt == VALUE_UNSIGNED_LONG:  # (unsigned long: 8 bytes on Linux)
+    if vt in (VALUE_UNSIGNED_LONG_LONG, VALUE_UNSIGNED_LONG):  # (unsigned long: 8 bytes on Linux)
         return raw
     if vt == VALUE_DOUBLE:
         return float(struct.unpack("=d", raw.to_bytes(8, sys.byteorder))[0])
