@@ -855,3 +855,30 @@ def test_the_sensors_direct_calls_pass_what_nvml_h_declares(abi: Abi) -> None:
             if not ok:
                 problems.append(f"{fn} argument {i}: the sensor passes {kind}, nvml.h declares {param!r}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_native_samplers_nvml_structs_are_nvml_hs(tmp_path: Path) -> None:
+    """gpuprobe/nvml/native/sampler.c declares its own copies of the structs it passes to NVML (it does not
+    include nvml.h, which ships only with the dev extra): compiled in one unit with the header, each copy
+    must have nvml.h's size and field offsets, or the build fails here."""
+    from gpuprobe.nvml import native
+
+    pairs = {  # the sampler's struct -> (nvml.h's, the fields compared)
+        "nvml_field": ("nvmlFieldValue_t", ("fieldId", "scopeId", "timestamp", "valueType", "nvmlReturn", "value")),
+        "nvml_util": ("nvmlUtilization_t", ("gpu", "memory")),
+        "nvml_memory_v2": ("nvmlMemory_v2_t", ("version", "total", "reserved", "free", "used")),
+        "nvml_memory": ("nvmlMemory_t", ("total", "free", "used")),
+        "nvml_temperature_v1": ("nvmlTemperature_v1_t", ("version", "sensorType", "temperature")),
+    }
+    checks = []
+    for mine, (theirs, fields) in pairs.items():
+        checks.append(f'_Static_assert(sizeof({mine}) == sizeof({theirs}), "sizeof {mine}");')
+        checks += [f'_Static_assert(offsetof({mine}, {f}) == offsetof({theirs}, {f}), "{mine}.{f}");' for f in fields]
+    unit = tmp_path / "unit.c"
+    unit.write_text(
+        f'#include <stddef.h>\n#include "{HEADER}"\n#include "{native.SOURCE}"\n' + "\n".join(checks) + "\n"
+    )
+    done = subprocess.run(
+        ["gcc", "-fsyntax-only", "-Wall", "-Werror", str(unit)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
