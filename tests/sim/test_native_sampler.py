@@ -12,8 +12,6 @@ import sys
 import textwrap
 from typing import Any
 
-from conftest import Sim
-
 from gpuprobe.sim.profiles import PROFILES, with_overrides
 
 # What every child below starts with: the sensor, and its samples per tick (tick number -> samples).
@@ -48,11 +46,11 @@ HOT_PATH_KEYS = {
 PCIE_KEYS = {"pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s"}
 
 
-def _run(sim: Sim, machine: Any, code: str) -> Any:
+def _run(sim: Any, machine: Any, code: str) -> Any:
     return sim.run(machine, SENSOR + textwrap.dedent(code))
 
 
-def test_every_field_of_the_per_tick_reads_as_pynvml_reads_it(sim: Sim) -> None:
+def test_every_field_of_the_per_tick_reads_as_pynvml_reads_it(sim: Any) -> None:
     """An H100 (no fans) and an RTX 4090 (fans, no memory temperature): each sample holds every key of the
     per-tick reads the GPU supports, with the value and unit pynvml's own wrappers give in the same driver
     period (a 10 s period, the run repeated if it crossed one: nothing moves during it), PCIe on the ticks
@@ -117,7 +115,7 @@ def test_every_field_of_the_per_tick_reads_as_pynvml_reads_it(sim: Sim) -> None:
     assert isinstance(ticks[0][1][0]["temp_c"], int) and isinstance(ticks[0][1][0]["power_w"], float)
 
 
-def test_ticks_are_on_the_100_ms_grid_and_each_gpu_stamped_before_it_is_read(sim: Sim) -> None:
+def test_ticks_are_on_the_100_ms_grid_and_each_gpu_stamped_before_it_is_read(sim: Any) -> None:
     """Tick n's stamps are one interval apart from tick n+1's, whatever Python does meanwhile (here: it
     sleeps, then drains everything at once), and within a tick the GPUs are stamped in order."""
     machine = sim.machine("H100-SXM5-80GB", gpus=4)
@@ -147,7 +145,7 @@ def test_ticks_are_on_the_100_ms_grid_and_each_gpu_stamped_before_it_is_read(sim
         assert stamps == sorted(stamps) and stamps[-1] - stamps[0] < 20_000_000
 
 
-def test_a_lost_gpu_is_left_out_counted_once_and_joins_again_when_it_answers(sim: Sim) -> None:
+def test_a_lost_gpu_is_left_out_counted_once_and_joins_again_when_it_answers(sim: Any) -> None:
     """GPU 1 falls off the bus: its samples stop (the others go on, every tick), the outage is one read
     error and one lost event, it is retried once a second; when it answers again its samples resume and
     the hook hears it."""
@@ -192,7 +190,7 @@ def test_a_lost_gpu_is_left_out_counted_once_and_joins_again_when_it_answers(sim
     assert ticks == list(range(len(ticks))), "no tick lost while GPU 1 was out"
 
 
-def test_a_reading_that_answers_not_supported_while_sampling_is_left_out_once_and_not_counted(sim: Sim) -> None:
+def test_a_reading_that_answers_not_supported_while_sampling_is_left_out_once_and_not_counted(sim: Any) -> None:
     """A field that answers NOT_SUPPORTED on the sampler's first tick (here GPU 0's memory temperature asked
     under a field id the driver does not know, as a driver that stops supporting a read): the key leaves
     GPU 0's samples from that tick on, it is logged once, no read error is counted, the native sampler stops
@@ -226,7 +224,7 @@ def test_a_reading_that_answers_not_supported_while_sampling_is_left_out_once_an
         assert "mem_temp_c" in second
 
 
-def test_an_unprivileged_reader_of_a_mig_gpu_gets_what_it_may_read(sim: Sim) -> None:
+def test_an_unprivileged_reader_of_a_mig_gpu_gets_what_it_may_read(sim: Any) -> None:
     """A MIG-enabled H100 read by a user the driver does not let read its memory (NO_PERMISSION) nor its
     utilization (NOT_SUPPORTED on a MIG GPU): both are out of the plan from the probe on, every other field
     comes on every tick, and nothing is counted as an error."""
@@ -256,7 +254,7 @@ def test_an_unprivileged_reader_of_a_mig_gpu_gets_what_it_may_read(sim: Sim) -> 
         assert set(s) - {"time_unix_ns", "gpu_index"} - PCIE_KEYS == expected
 
 
-def test_the_ring_overwrites_the_oldest_ticks_and_counts_them(sim: Sim) -> None:
+def test_the_ring_overwrites_the_oldest_ticks_and_counts_them(sim: Any) -> None:
     """A ring of 4 ticks drained after a second: the 4 newest ticks, consecutive, and every tick before
     them counted as overwritten, none silently gone."""
     machine = sim.machine("H100-SXM5-80GB", gpus=2)
@@ -284,7 +282,7 @@ def test_the_ring_overwrites_the_oldest_ticks_and_counts_them(sim: Sim) -> None:
     assert out["over"] == first[0], "nothing more was lost: drained in time"
 
 
-def test_the_ticks_stay_on_their_grid_with_the_other_core_busy(sim: Sim) -> None:
+def test_the_ticks_stay_on_their_grid_with_the_other_core_busy(sim: Any) -> None:
     """A busy loop on every core but the sampler's own (this is a 2-core machine: the other core) for the
     whole run: no tick is lost and the ticks' median lateness stays within 5 ms of the grid (with SCHED_FIFO
     where the test may have it, as the agent asks; at normal priority elsewhere)."""
