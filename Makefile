@@ -14,7 +14,7 @@ help:
 	@echo "make demo       the whole system on one machine with simulated GPUs"
 	@echo "make test       install what is needed, then lint + type check + all tests"
 	@echo "make proto      regenerate the Python code of the wire contract (proto/)"
-	@echo "make sim        compile the GPU simulator library (libnvidia-ml.so.1)"
+	@echo "make sim        compile the GPU simulator library (libnvidia-ml.so.1) and the agent's native sampler"
 	@echo "make lint | typecheck | unit    the parts of make test"
 
 deps: system-deps venv node sim
@@ -45,6 +45,7 @@ node_modules/.package-lock.json: package.json package-lock.json
 
 sim: venv
 	$(PY) -m gpuprobe.sim.build
+	$(PY) -m gpuprobe.nvml.native
 
 proto: venv
 	$(PY) tools/protogen.py
@@ -70,4 +71,4 @@ demo: deps
 	$(VENV)/bin/gpuprobe demo
 
 clean:
-	rm -rf build sim/native/build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf build sim/native/build gpuprobe/nvml/native/build .mypy_cache .ruff_cache .pytest_cache

@@ -179,9 +179,10 @@ class Batcher:
                 if self._sent_infos.get(info.index) != info:
                     batch.gpu_info.append(info)
                     self._sent_infos[info.index] = info
-            read_errors, missed_ticks = self._counters.take_batch_deltas()
+            read_errors, missed_ticks, overwritten = self._counters.take_batch_deltas()
             batch.stats.read_errors = read_errors
             batch.stats.missed_ticks = missed_ticks
+            batch.stats.dropped_samples = overwritten  # the spool adds its own drops
         if batch is None and recorded is None:
             return None
         return Taken(

@@ -30,6 +30,7 @@ class Totals:
     samples_dropped: int = 0
     batches_dropped: int = 0
     samples_rejected: int = 0
+    samples_overwritten: int = 0
     read_errors: int = 0
     missed_ticks: int = 0
     reconnects: int = 0
@@ -72,6 +73,8 @@ HELP = {
     "samples_dropped": "Samples dropped from the spool by its size or age cap (oldest first).",
     "batches_dropped": "Batches dropped from the spool by its size or age cap (oldest first).",
     "samples_rejected": "Samples a collector refused permanently (Ack.rejections).",
+    "samples_overwritten": "GPU samples the native sampler's ring overwrote before the agent read them (it fell"
+    " behind); in AgentStats.dropped_samples too.",
     "read_errors": "Sensor reads that failed with an error other than not-supported.",
     "missed_ticks": "Sampling ticks skipped because the previous one was still running.",
     "reconnects": "Streams to a collector that ended and were opened again.",
@@ -100,6 +103,7 @@ class Counters:
         self._totals = Totals()
         self._reported_read_errors = 0
         self._reported_missed_ticks = 0
+        self._reported_overwritten = 0
 
     def add(self, **deltas: int) -> None:
         with self._lock:
@@ -116,15 +120,18 @@ class Counters:
         with self._lock:
             return Totals(**{f.name: getattr(self._totals, f.name) for f in fields(Totals)})
 
-    def take_batch_deltas(self) -> tuple[int, int]:
-        """(read_errors, missed_ticks) since the previous call: the AgentStats deltas of a new batch."""
+    def take_batch_deltas(self) -> tuple[int, int, int]:
+        """(read_errors, missed_ticks, samples_overwritten) since the previous call: the AgentStats deltas of a
+        new batch."""
         with self._lock:
             t = self._totals
             read_errors = t.read_errors - self._reported_read_errors
             missed = t.missed_ticks - self._reported_missed_ticks
+            overwritten = t.samples_overwritten - self._reported_overwritten
             self._reported_read_errors = t.read_errors
             self._reported_missed_ticks = t.missed_ticks
-            return read_errors, missed
+            self._reported_overwritten = t.samples_overwritten
+            return read_errors, missed, overwritten
 
 
 class _Collector:

@@ -1,23 +1,28 @@
-"""The sampling loop: GPUs every ``interval_s`` (10 Hz by default, up to 50 Hz), host and acoustics every second.
+"""The sampling: GPUs every ``interval_s`` (10 Hz by default, up to 50 Hz), host and acoustics every second.
 
-It runs in its own thread on a drift-free schedule: tick ``n`` is due at ``t0 + n·interval`` on the
-monotonic clock, whatever the previous ticks cost. A tick that is already due when the previous one
-ends is skipped and counted (``missed_ticks``), so the schedule never slips. Samples carry the
-agent's wall clock (``time.time_ns()``), taken just before each GPU is read.
+The per-tick GPU reads are the native sampler's (:mod:`gpuprobe.nvml.native`, a C thread started through
+:meth:`GpuSensor.start_sampling`): tick ``n`` is due at ``t0 + n·interval`` on the monotonic clock,
+whatever the previous ticks cost, and a tick that is more than half an interval overdue when the previous
+one ends is skipped and counted (``missed_ticks``), so the schedule never slips. Samples carry the agent's
+wall clock, taken just before each GPU is read. Its ticks wait in a bounded ring (:data:`RING_S` of them);
+when this thread falls that far behind, the oldest are overwritten and counted as dropped samples
+(``AgentStats.dropped_samples``, the ``samples_overwritten`` counter), never silently.
+
+This thread wakes once per second (:data:`SLOW_INTERVAL_S`), half an interval after a tick, drains the ring
+(:meth:`GpuSensor.drain` gives the samples, the errors translated once), makes the health reads and
+hands everything to the batcher, then reads the host and acoustics.
 
 PCIe throughput is read once per ``pcie_interval_s`` per GPU (on real GPUs each of the two reads
 measures for ~20 ms), spread over the ticks so that at most ``ceil(GPUs / ticks per interval)`` GPUs
 pay it on one tick; it is added to that GPU's sample of that tick.
 
-The health reads (``health_interval_s``, 1 s by default; 0: none) are all made on one tick per interval,
-every GPU in turn right after the hot path (the ticks ``n`` with ``n % k == 0``, ``k`` ticks per health
-interval). Made together, their code and NVML's stay in the CPU's caches: half the CPU of one GPU per
-tick. That tick runs longer (a few ms on real GPUs), after its samples were stamped and read, so no
-sample's time moves. They add the health counters, GPM and NVLink totals to that tick's sample, make the
-GPU's NVLink, MIG and process samples (a link's point when its error counters moved, else once a minute;
-the GPU's NVLink throughput totals are in every health sample), feed the health tracker
-(:mod:`gpuprobe.agent.health`) and put its verdict into the sample (``health``, ``health_reason``).
-The other ticks stay the plain hot path.
+The health reads (``health_interval_s``, 1 s by default; 0: none) are made for one tick per interval (the
+ticks ``n`` with ``n % k == 0``, ``k`` ticks per health interval), every GPU in turn, when that tick is
+drained: they are read then, in this thread, and added to that tick's sample (the health counters, GPM and
+NVLink totals); they make the GPU's NVLink, MIG and process samples (a link's point when its error
+counters moved, else once a minute; the GPU's NVLink throughput totals are in every health sample), feed
+the health tracker (:mod:`gpuprobe.agent.health`) and put its verdict into the sample (``health``,
+``health_reason``). The other ticks' samples are the per-tick reads alone.
 
 GPU events reach :meth:`Sampler.gpu_event` from the events thread
 (:mod:`gpuprobe.agent.sensors.events`) and from the GPU sensor's lost / recovered hook: each goes into
@@ -43,6 +48,7 @@ from gpuprobe.agent.sensors.host import HostSensor
 from gpuprobe.agent.sensors.processes import ProcessTracker
 from gpuprobe.agent.sensors.proxy import AcousticProxy
 from gpuprobe.agent.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
+from gpuprobe.nvml.native import NativeSampler
 from gpuprobe.nvml.sensor import GpuSensor
 from gpuprobe.v1 import telemetry_pb2
 
@@ -51,6 +57,7 @@ log = logging.getLogger(__name__)
 SLOW_INTERVAL_S = 1.0  # host and acoustics
 NVLINK_LINK_INTERVAL_S = 60.0  # a link's point when its error counters did not move
 NVLINK_LINK_INTERVAL_NS = int(NVLINK_LINK_INTERVAL_S * 1e9)
+RING_S = 5.0  # the native sampler's ring holds this many seconds of ticks
 PCIE_FIELD = "pcie_tx_bytes_per_s"  # in the samples of the ticks that read PCIe (--pcie-interval)
 
 
@@ -67,6 +74,7 @@ class Sampler:
         pcie_interval_s: float = 1.0,
         health_interval_s: float = 1.0,
         processes: ProcessTracker | None = None,
+        native: NativeSampler | None = None,
     ) -> None:
         if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:
             raise ValueError(
@@ -77,6 +85,7 @@ class Sampler:
         self._batcher = batcher
         self._counters = counters
         self._gpus = gpus
+        self._native = native  # the C thread that reads the GPUs on their ticks (needed with GPUs)
         self._host = host
         self._proxy = proxy
         self._mic = mic
@@ -93,12 +102,15 @@ class Sampler:
         #: exits rather than stream on with no samples.
         self.on_failure: Callable[[BaseException], None] | None = None
         self._thread = threading.Thread(target=self._run, name="gpuprobe-sampler", daemon=True)
-        self.heartbeat_mono = time.monotonic()  # end of the last tick, for the watchdog
+        self.heartbeat_mono = time.monotonic()  # the last drain that found new ticks, for the watchdog
         self.ticks = 0
         self._last_read_errors = 0
+        self._last_missed = 0
+        self._last_overwritten = 0
+        self._realtime_said: bool | None = None
         self._taken = 0  # samples taken since the counters were last updated (once per second)
-        # the last tick's GPU samples (replaced, never changed, so other threads may read it: the
-        # embedded control plane reads power, temperature and energy from it, gpuprobe.agent.fleet)
+        # the newest tick's GPU samples, at most a second old (replaced, never changed, so other threads may
+        # read it: the embedded control plane reads power, temperature and energy from it, gpuprobe.agent.fleet)
         self.latest: list[dict[str, Any]] = []
         #: GPU index -> its last samples that carried PCIe and health fields (read less often than the
         #: others), for the Prometheus page (gpuprobe.agent.prometheus); kept only after
@@ -140,36 +152,32 @@ class Sampler:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        interval = self.interval_s
-        t0 = time.monotonic()
-        n = 0
-        next_slow = t0
+        interval_ns = round(self.interval_s * 1e9)
+        per_drain = max(1, round(SLOW_INTERVAL_S / self.interval_s))  # ticks between two drains
+        t0_ns = time.monotonic_ns()
+        gpus = self._gpus
         try:
+            if gpus is not None:
+                if self._native is None:
+                    raise RuntimeError("GPUs to sample but no native sampler")
+                ring_ticks = max(8, math.ceil(RING_S / self.interval_s))
+                gpus.start_sampling(self._native, self.interval_s, self._pcie_every, ring_ticks, t0_ns, realtime=True)
+            m = 0  # the drain number: drain m comes half an interval after tick m·per_drain
             while True:
-                delay = t0 + n * interval - time.monotonic()
-                if delay > 0:
-                    # a plain sleep is the cheapest wait; long ones wait on the event to stop promptly
-                    if delay < 1.0:
-                        time.sleep(delay)
-                    elif self._stop.wait(delay):
-                        break
+                delay_s = (t0_ns + m * per_drain * interval_ns + interval_ns // 2 - time.monotonic_ns()) / 1e9
+                if delay_s > 0 and self._stop.wait(delay_s):
+                    break
                 if self._stop.is_set():
                     break
-                latest = self._tick(n)
-                now = time.monotonic()
-                if now >= next_slow:
-                    self._slow(latest)
-                    next_slow += SLOW_INTERVAL_S * (1 + math.floor((now - next_slow) / SLOW_INTERVAL_S))
-                self.ticks += 1
-                now = time.monotonic()
-                self.heartbeat_mono = now
-                # the next tick runs, late, if it is less than half an interval overdue; else it is skipped
-                following = n + 1
-                first_runnable = math.ceil((now - t0) / interval - 0.5)
-                if first_runnable > following:
-                    self._counters.add(missed_ticks=first_runnable - following)
-                    following = first_runnable
-                n = following
+                ticks = self.ticks
+                latest = self._drain()
+                self._slow(latest)
+                if gpus is None or self.ticks > ticks:
+                    # the watchdog's heartbeat: the native sampler made ticks (one stuck in an NVML call
+                    # makes none, and the watchdog has systemd restart the agent, as before)
+                    self.heartbeat_mono = time.monotonic()
+                # a late drain does not catch up: the next one is the next due in the future
+                m = max(m + 1, (time.monotonic_ns() - t0_ns) // (per_drain * interval_ns) + 1)
         except Exception as e:
             log.exception("the sampling loop failed; the agent stops sampling")
             self.failure = e
@@ -177,31 +185,70 @@ class Sampler:
             if self.on_failure is not None:
                 self.on_failure(e)
         else:
+            if gpus is not None:
+                gpus.stop_sampling()
+                self._drain()  # the ticks made since the last drain go out with the last batch
             self._publish()
+        finally:
+            if gpus is not None:
+                gpus.stop_sampling()
 
     def _publish(self) -> None:
-        """Hand the thread's own tallies to the shared counters (once per second: cheaper than per tick)."""
-        errors = self._gpus.read_errors if self._gpus is not None else 0
-        self._counters.add(samples_taken=self._taken, read_errors=errors - self._last_read_errors)
+        """Hand the thread's own tallies to the shared counters (once per second)."""
+        gpus = self._gpus
+        errors = gpus.read_errors if gpus is not None else 0
+        missed = gpus.missed_ticks if gpus is not None else 0
+        self._counters.add(
+            samples_taken=self._taken,
+            read_errors=errors - self._last_read_errors,
+            missed_ticks=missed - self._last_missed,
+        )
         self._taken = 0
         self._last_read_errors = errors
+        self._last_missed = missed
 
-    def _tick(self, n: int) -> list[dict[str, Any]]:
+    def _drain(self) -> list[dict[str, Any]]:
+        """Every tick the native sampler made since the last drain: into the batcher, oldest first; the
+        newest tick's samples."""
         gpus = self._gpus
         if gpus is None:
             return []
-        samples = gpus.read_all(self._pcie_every, n % self._pcie_every)
+        ticks = gpus.drain()
+        if self._realtime_said is None or self._realtime_said != gpus.realtime:
+            self._realtime_said = gpus.realtime
+            if gpus.realtime:
+                log.info("the native sampler's thread runs under SCHED_FIFO (priority 1): its ticks wake on time")
+            else:
+                log.info(
+                    "the native sampler's thread runs at normal priority (SCHED_FIFO needs CAP_SYS_NICE): with"
+                    " every core busy its ticks may wake late"
+                )
+        overwritten = gpus.overwritten_ticks - self._last_overwritten
+        if overwritten:
+            self._last_overwritten = gpus.overwritten_ticks
+            lost = overwritten * gpus.count  # a tick is a sample per GPU
+            self._counters.add(samples_overwritten=lost)
+            log.warning(
+                "the native sampler's ring overwrote %d ticks (%d samples) before they were read: the agent"
+                " fell %.0f s behind (counted as dropped samples)",
+                overwritten,
+                lost,
+                RING_S,
+            )
         every = self._health_every
-        health_tick = bool(every and n % every == 0)
-        if health_tick:
-            for sample in samples:
-                self._health(gpus, sample)
-        if self._keep_slow:
-            self._remember_slow(samples, health_tick)
-        self._batcher.add_gpu(samples)
-        self._taken += len(samples)
-        self.latest = samples
-        return samples
+        for n, samples in ticks:
+            health_tick = bool(every and n % every == 0)
+            if health_tick:
+                for sample in samples:
+                    self._health(gpus, sample)
+            if self._keep_slow:
+                self._remember_slow(samples, health_tick)
+            self._batcher.add_gpu(samples)
+            self._taken += len(samples)
+            self.ticks += 1
+        if ticks:
+            self.latest = ticks[-1][1]
+        return self.latest
 
     def _remember_slow(self, samples: list[dict[str, Any]], health_tick: bool) -> None:
         for sample in samples:

@@ -47,7 +47,8 @@ from gpuprobe.agent.settings import AgentSettings
 from gpuprobe.agent.spool import Appended, AsyncSpool, Spool, SpoolError, SpoolState, Unspooled
 from gpuprobe.agent.trainer_input import Message, TrainerInput
 from gpuprobe.agent.uplink import Uplink
-from gpuprobe.nvml.errors import GpuSensorError
+from gpuprobe.nvml.errors import GpuSensorError, NativeSamplerError
+from gpuprobe.nvml.native import NativeSampler
 from gpuprobe.nvml.sensor import GpuSensor
 from gpuprobe.systemd import Notifier, watchdog_interval_s
 from gpuprobe.v1 import common_pb2, telemetry_pb2
@@ -125,10 +126,17 @@ class Agent:
         gpus = self._open_gpus()
         if gpus is not None:
             parts.callback(gpus.close)
+        native: NativeSampler | None = None
+        if gpus is not None:
+            try:
+                native = NativeSampler.load()
+            except NativeSamplerError as e:  # no silent slower mode: the GPUs are read by it or not at all
+                log.error("%s", e)
+                return 2
         mic = self._start_microphone()
         if mic is not None:
             parts.callback(mic.stop)
-        sampler = self._build_pipeline(gpus, mic)
+        sampler = self._build_pipeline(gpus, mic, native)
         control: EmbeddedControl | None = None
         if s.control is not None:
             from gpuprobe.agent.fleet import AgentGpus, EmbeddedControl
@@ -269,7 +277,7 @@ class Agent:
         mic = Microphone(s.mic_device, s.mic_calibration_db, s.mic_samplerate_hz)
         return mic if mic.start() else None
 
-    def _build_pipeline(self, gpus: GpuSensor | None, mic: Microphone | None) -> Sampler:
+    def _build_pipeline(self, gpus: GpuSensor | None, mic: Microphone | None, native: NativeSampler | None) -> Sampler:
         """sensors -> sampler -> batcher, and the uplink that reads the spool."""
         s = self.settings
         loop = asyncio.get_running_loop()
@@ -297,6 +305,7 @@ class Agent:
             mic,
             s.pcie_interval_s,
             s.health_interval_s,
+            native=native,
         )
 
     def _start_events(

@@ -344,6 +344,8 @@ class Spool:
         promote_since_ns: int | None = None,
     ) -> Appended:
         db = self._db
+        # the samples the agent dropped before the batch was made (the native sampler's ring): the batcher's
+        own_dropped = batch.stats.dropped_samples
         db.execute("BEGIN IMMEDIATE")
         try:
             promoted = self._promote(promote_since_ns) if promote_since_ns is not None else []
@@ -362,7 +364,7 @@ class Spool:
             pending_samples = self._meta("pending_dropped_samples") + recorded_samples
             pending_batches = self._meta("pending_dropped_batches") + recorded_batches
             stats = batch.stats
-            stats.dropped_samples = pending_samples
+            stats.dropped_samples = pending_samples + own_dropped
             stats.dropped_batches = pending_batches
             stats.spool_bytes = self._bytes + self._rec_bytes + size_estimate
             payload = batch.SerializeToString()
@@ -378,6 +380,7 @@ class Spool:
         except BaseException:
             self._rollback()
             self._reload_totals()
+            batch.stats.dropped_samples = own_dropped  # as it came, for the next try
             raise
         self._batches += 1
         self._samples += samples

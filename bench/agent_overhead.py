@@ -25,7 +25,7 @@ completed polls in the window times the GPU count. Usage::
 
     python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--rate-hz 10] [--warmup 5] [--health-interval 1]
                                    [--resolution auto|full] [--per-thread] [--alone] [--scrape-interval 1]
-                                   [--pair [--rounds 8]]
+                                   [--pair [--rounds 8]] [--busy]
 
 With ``--resolution auto`` the agent ships aggregates: each counts the samples it holds. ``--per-thread``
 adds the agent's CPU per thread (by OS thread name) to the table and the JSON. ``--alone`` runs the agent
@@ -45,6 +45,11 @@ a cross-check, from ``/proc/PID/stat``. The figures: the scraped and the unscrap
 over the rounds, their ratio (with its standard error from the rounds' paired differences) and the CPU
 the scrapes added per scrape; with ``--per-thread``, that difference per thread
 (``/proc/PID/task/TID/schedstat``), which shows how much of it the endpoint's own thread spends.
+
+``--busy`` adds a busy loop (not measured) for the whole run, so the other core is saturated, and reports
+how many of the agent's samples carry a timestamp on their tick (within 5 ms of the grid the agent's
+stamps define) and how many ticks are missing at the receiver (with ``--resolution full``: the samples
+themselves arrive).
 """
 
 from __future__ import annotations
@@ -200,6 +205,52 @@ def received_gpu_samples(path: Path, t0_ns: int, t1_ns: int) -> int:
     return len(seen) + sum(aggregated.values())
 
 
+ON_TICK_NS = 5_000_000
+
+
+def tick_report(path: Path, t0_ns: int, t1_ns: int, interval_ns: int) -> dict[str, Any]:
+    """The agent's raw GPU samples stamped in the window: how many, how many within ON_TICK_NS of their tick,
+    and how many ticks of each GPU are missing between its first and last sample. The grid is the agent's
+    own (monotonic, started at some wall-clock phase): each stamp's offset from the first stamp modulo the
+    interval, measured from the smallest such offset (the stamps of ticks that woke on time)."""
+    data = path.read_bytes() if path.exists() else b""
+    stamps: dict[int, set[int]] = {}
+    i = 0
+    while i + 4 <= len(data):
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        batch = telemetry_pb2.StreamRequest.FromString(data[i + 4 : i + 4 + n]).batch
+        for sample in batch.gpu_samples:
+            if t0_ns <= sample.time_unix_ns < t1_ns:
+                stamps.setdefault(sample.gpu_index, set()).add(sample.time_unix_ns)
+        i += 4 + n
+    every = sorted(t for ts in stamps.values() for t in ts)
+    if not every:
+        return {"samples": 0, "on_tick": 0, "on_tick_fraction": 0.0, "missing_ticks": 0}
+    ref = every[0]
+
+    def offset(t: int) -> int:
+        d = (t - ref) % interval_ns
+        return d if d < interval_ns // 2 else d - interval_ns
+
+    base = min(offset(t) for t in every)
+    on_tick = sum(1 for t in every if offset(t) - base <= ON_TICK_NS)
+    missing = 0
+    for ts in stamps.values():
+        ticks = sorted({round((t - ref - base) / interval_ns) for t in ts})
+        missing += ticks[-1] - ticks[0] + 1 - len(ticks)
+    late_ms = sorted((offset(t) - base) / 1e6 for t in every)
+
+    return {
+        "samples": len(every),
+        "on_tick": on_tick,
+        "on_tick_fraction": on_tick / len(every),
+        "missing_ticks": missing,
+        "late_ms_p50": late_ms[len(late_ms) // 2],
+        "late_ms_p999": late_ms[min(len(late_ms) - 1, int(len(late_ms) * 0.999))],
+        "late_ms_max": late_ms[-1],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window (s)")
@@ -236,6 +287,11 @@ def main() -> int:
         " --scrape-interval (1 s unless given), the other not: their CPU and its ratio",
     )
     parser.add_argument("--rounds", type=int, default=8, help="with --pair: rounds in the window (A B B A ...)")
+    parser.add_argument(
+        "--busy",
+        action="store_true",
+        help="saturate the other core with a busy loop for the whole run; report the samples on their tick",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.pair and args.scrape_interval <= 0:
@@ -259,18 +315,31 @@ def main() -> int:
         )
         assert receiver.stdout is not None and receiver.stdout.readline().startswith(b"READY")
         total_s = args.warmup + args.seconds + 2
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
         procs = start_processes(args, env, out, port, total_s)
         try:
             window_s = measure(procs, args, out / "rx" / "batches.bin", total_s)
+            interval_ns = round(1e9 / args.rate_hz)
+            ticks = tick_report(out / "rx" / "batches.bin", *args.window_ns, interval_ns) if args.busy else None
         finally:
             for p in procs:
                 if p.proc.poll() is None:
                     p.proc.kill()
+            if busy is not None:
+                busy.kill()
+                busy.wait()
             receiver.terminate()
             receiver.wait(10)
     rows = report(procs, args, window_s)
+    if ticks is not None:
+        print(
+            f"with the other core busy: {ticks['on_tick']} of {ticks['samples']} samples"
+            f" ({100 * ticks['on_tick_fraction']:.2f} %) within {ON_TICK_NS / 1e6:g} ms of their tick;"
+            f" {ticks['missing_ticks']} ticks missing; lateness p50 {ticks.get('late_ms_p50', 0):.2f} ms,"
+            f" p99.9 {ticks.get('late_ms_p999', 0):.2f} ms, max {ticks.get('late_ms_max', 0):.2f} ms"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"window_s": window_s, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"window_s": window_s, "rows": rows, "ticks": ticks}, indent=2))
     return 0
 
 
@@ -391,6 +460,7 @@ def measure(procs: list[Measured], args: argparse.Namespace, received: Path, tot
     agent.proc.terminate()
     agent.proc.wait(60)
     agent.gpu_samples = received_gpu_samples(received, t0_ns, t1_ns)
+    args.window_ns = (t0_ns, t1_ns)  # for tick_report
     for p in procs[1:]:
         stdout, _ = p.proc.communicate(timeout=total_s + 60)
         stamps = json.loads(stdout)

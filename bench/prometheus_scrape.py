@@ -42,18 +42,22 @@ class Readings:
 def worker(renders: int, scrapes: int) -> dict[str, Any]:
     from gpuprobe.agent.prometheus import GpuExporter, serve
     from gpuprobe.agent.sensors.proxy import AcousticProxy, ProxyParams
+    from gpuprobe.nvml.native import NativeSampler
     from gpuprobe.nvml.sensor import GpuSensor
 
     sensor = GpuSensor.open()
     try:
-        for s in sensor.read_all(1, 0):
+        sensor.start_sampling(NativeSampler.load(), 0.1, pcie_every=1)  # every field on every tick
+        time.sleep(0.05)
+        for s in sensor.drain()[-1][1]:
             sensor.read_health(s["gpu_index"], s)  # the first GPM sample
         time.sleep(0.2)
-        samples = sensor.read_all(1, 0)
+        samples = sensor.drain()[-1][1]
         for s in samples:
             sensor.read_health(s["gpu_index"], s)
         infos = sensor.infos
     finally:
+        sensor.stop_sampling()
         sensor.close()
     acoustic = AcousticProxy(ProxyParams(), infos).estimate(samples, time.time_ns())
     readings = Readings(latest=samples, latest_slow={s["gpu_index"]: (s,) for s in samples}, latest_acoustic=acoustic)

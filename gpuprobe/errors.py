@@ -35,6 +35,8 @@ module (``gpuprobe.`` left out; ``agent/…`` is ``gpuprobe.agent``) and when it
     │   │                                      library, no driver); the agent runs without GPUs
     │   ├── NvmlCallError (RuntimeError)       nvml/errors.py: one NVML call outside the sampler
     │   │                                      failed (a trainer's clock read, a power limit set)
+    │   ├── NativeSamplerError (RuntimeError)  nvml/errors.py: the native GPU sampler cannot be built,
+    │   │                                      loaded or started (the message says how to build it)
     │   ├── SimStateError (RuntimeError)       sim/state.py: no simulated machine, or a bad one, in a
     │   │                                      state directory
     │   ├── SimBuildError (RuntimeError)       sim/build.py: the simulator library cannot be compiled

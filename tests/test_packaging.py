@@ -45,6 +45,7 @@ def test_wheel_installs_only_the_gpuprobe_namespace(wheel: Path) -> None:
     for expected in (
         "gpuprobe/sim/native/nvml_sim.c",
         "gpuprobe/sim/native/nvidia-smi",
+        "gpuprobe/nvml/native/sampler.c",  # the native sampler, built on the GPU node
         "gpuprobe/sim/workload_costs.json",  # the performance model's cost cache (sim/perf.py)
         "gpuprobe/study/cli.py",
         "gpuprobe/v1/telemetry_pb2.py",

@@ -5,5 +5,7 @@
 set -eu
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# the agent's native sampler: built from the wheel's source on first use, or prepare.sh's build without a compiler
+command -v "${CC:-gcc}" >/dev/null 2>&1 || export GPUPROBE_SAMPLER_LIB_DIR="$PWD/.whl/sampler"
 nvidia-smi -L || true
 exec python3 bench/gpu_check/check.py --out "${OUT:-/tmp/gpu-check}" --scale "${SCALE:-1}"

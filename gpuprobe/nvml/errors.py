@@ -53,6 +53,11 @@ class GpuSensorError(ServiceError, RuntimeError):
     """NVML cannot be used at all (no library, no driver): the agent runs without GPUs."""
 
 
+class NativeSamplerError(ServiceError, RuntimeError):
+    """The native GPU sampler (``nvml/native/sampler.c``) cannot be built, loaded or started; the message
+    says how to build it. The agent exits 2 rather than sample GPUs without it."""
+
+
 def error_name(code: int) -> str:
     """NVML's own words for a return code (``Not Supported``, ``GPU is lost``)."""
     try:

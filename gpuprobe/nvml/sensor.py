@@ -1,15 +1,19 @@
 """Part: nvml (ground floor). GPU sensor: every field of the ``gpu`` measurement, read through NVML.
 
-The agent's sampler reads it (:meth:`GpuSensor.read_all`), and so does the control plane of a node
-that runs ``gpuprobe control-agent`` (:meth:`GpuSensor.read_gpu`, through ``gpuprobe.control.gpus``):
+The agent's sampler reads it (:meth:`GpuSensor.start_sampling`, :meth:`GpuSensor.drain`), and so does
+the control plane of a node that runs ``gpuprobe control-agent`` (:meth:`GpuSensor.read_gpu`, through
+``gpuprobe.control.gpus``):
 one NVML boundary (``gpuprobe/nvml/``, the only package that imports pynvml), one translation of
 NVML's errors (:mod:`gpuprobe.nvml.errors`; ``tests/test_module_graph.py`` checks the boundary).
 It sits below the agent and the control plane so that neither imports the other to read a GPU.
 
 Static facts (:class:`~gpuprobe.v1.common_pb2.GpuInfo`) are read once per GPU when the sensor opens,
-through pynvml's ordinary wrappers. The per-sample path is the hot path (10-50 reads per GPU per
-second), so it calls the NVML C functions that pynvml loaded directly, with output buffers allocated
-once per GPU, and batches four fields into one ``nvmlDeviceGetFieldValues`` call:
+through pynvml's ordinary wrappers. The per-tick reads (10-50 per GPU per second) are made by the native
+sampler (:mod:`gpuprobe.nvml.native`, a C thread on its own absolute schedule, each tick a record in a
+bounded ring) from the plan :meth:`GpuSensor.start_sampling` hands it; :meth:`GpuSensor.drain` turns the
+records into samples, here, so that what each answer means is written once (the :data:`Decode` functions,
+which :meth:`GpuSensor.read_gpu` and the probe at start apply to their own reads of the same C functions,
+with buffers allocated once per GPU). Four fields go into one ``nvmlDeviceGetFieldValues`` call:
 
 =====================  ===================================================  ==========================
 sample key             NVML source                                          unit conversion
@@ -78,7 +82,7 @@ Errors are translated here, once:
 
 - ``NOT_SUPPORTED`` (or a missing function), and ``NO_PERMISSION`` (nvml.h: a MIG-enabled GPU's memory
   and process lists for an unprivileged caller; its MIG instances' memory is read instead): the field is
-  absent from every later sample of that GPU (never a fake zero), dropped from the hot path (also when
+  absent from every later sample of that GPU (never a fake zero), dropped from the per-tick reads (also when
   it stops being possible later, as when MIG is switched on), not counted as a read error, and the
   fact is logged once per GPU and field.
 - ``GPU_IS_LOST``, and the other answers after which a GPU gives nothing (``RESET_REQUIRED``,
@@ -99,11 +103,12 @@ import contextlib
 import ctypes
 import functools
 import logging
+import os
 import struct
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pynvml
@@ -122,6 +127,7 @@ from gpuprobe.nvml.errors import (
     gone_reason,
     text,
 )
+from gpuprobe.nvml.native import NOT_READ, Kind, NativeCall, NativeGpu, NativeSampler, Record
 from gpuprobe.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -224,43 +230,39 @@ _FIELD_VALUE = struct.Struct("=IIqqiiQ")
 _FIELD_ANSWER = "=24x4xiQ"
 
 
-def _unpacked_int(f: tuple[int, ...]) -> int:
-    """The integer value of one :data:`_FIELD_VALUE` tuple, by its valueType (the union's 8 bytes read as
-    one unsigned integer: a narrower member is its first bytes, the low ones on a little-endian host)."""
-    vt, raw = f[4], f[6]
-    if vt == 3 or vt == 2:  # unsigned long long, unsigned long (8 bytes on Linux)
+# nvmlValueType_t (nvml.h's NVML_VALUE_TYPE_*, checked against it by tests/sim/test_nvml_header.py)
+VALUE_DOUBLE, VALUE_UNSIGNED_INT, VALUE_UNSIGNED_LONG, VALUE_UNSIGNED_LONG_LONG = 0, 1, 2, 3
+VALUE_SIGNED_LONG_LONG, VALUE_SIGNED_INT, VALUE_UNSIGNED_SHORT = 4, 5, 6
+VALUE_TYPES = {
+    VALUE_DOUBLE: "DOUBLE",
+    VALUE_UNSIGNED_INT: "UNSIGNED_INT",
+    VALUE_UNSIGNED_LONG: "UNSIGNED_LONG",
+    VALUE_UNSIGNED_LONG_LONG: "UNSIGNED_LONG_LONG",
+    VALUE_SIGNED_LONG_LONG: "SIGNED_LONG_LONG",
+    VALUE_SIGNED_INT: "SIGNED_INT",
+    VALUE_UNSIGNED_SHORT: "UNSIGNED_SHORT",
+}
+
+
+def _raw_value(vt: int, raw: int) -> float | int:
+    """The value of an nvmlValue_t from its valueType and its 8 raw bytes read as one unsigned integer (a
+    narrower member is its first bytes, the low ones on a little-endian host): a double is a float."""
+    if vt in (VALUE_UNSIGNED_LONG_LONG, VALUE_UNSIGNED_LONG):  # (unsigned long: 8 bytes on Linux)
         return raw
-    if vt == 0:  # double
-        return int(struct.unpack("=d", raw.to_bytes(8, sys.byteorder))[0])
-    if vt == 4:  # signed long long
+    if vt == VALUE_DOUBLE:
+        return float(struct.unpack("=d", raw.to_bytes(8, sys.byteorder))[0])
+    if vt == VALUE_SIGNED_LONG_LONG:
         return raw - (1 << 64) if raw >> 63 else raw
-    bits = 16 if vt == 6 else 32  # unsigned short; unsigned / signed int
+    bits = 16 if vt == VALUE_UNSIGNED_SHORT else 32  # unsigned short; unsigned / signed int
     low = raw & ((1 << bits) - 1) if sys.byteorder == "little" else raw >> (64 - bits)
-    if vt == 5 and low >> 31:  # signed int
+    if vt == VALUE_SIGNED_INT and low >> 31:
         return low - (1 << 32)
     return low
 
 
-def _field_value(f: Any) -> float | int:
-    """The value of one nvmlFieldValue_t, by its valueType."""
-    vt = f.valueType
-    v = f.value
-    if vt == 1:
-        return int(v.uiVal)
-    if vt == 3:
-        return int(v.ullVal)
-    if vt == 0:
-        return float(v.dVal)
-    if vt == 5:
-        return int(v.siVal)
-    if vt == 2:
-        return int(v.ulVal)
-    if vt == 4:
-        return int(v.sllVal)
-    return int(v.usVal)
-
-
-VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+def _unpacked_int(f: tuple[int, ...]) -> int:
+    """The integer value of one :data:`_FIELD_VALUE` tuple, by its valueType."""
+    return int(_raw_value(f[4], f[6]))
 
 
 @dataclass
@@ -271,26 +273,69 @@ class _FieldSpec:
     value_type: int = -1  # nvmlValueType_t, learnt from the probe read
 
 
+# What one answer means: its raw (a, b) -- as the native sampler's record holds them, and as a _Call's
+# buffer gives them -- into the sample's keys, in their units. Written once, for both readers.
+Decode = Callable[[Sample, int, int], None]
+
+
+def _pair(first: str, second: str) -> Decode:
+    def decode(s: Sample, a: int, b: int) -> None:
+        s[first] = a
+        s[second] = b
+
+    return decode
+
+
+def _plain_value(key: str) -> Decode:
+    def decode(s: Sample, a: int, b: int) -> None:
+        s[key] = a
+
+    return decode
+
+
+def _milli(key: str) -> Decode:  # mW -> W
+    def decode(s: Sample, a: int, b: int) -> None:
+        s[key] = a / 1000
+
+    return decode
+
+
+def _signed(key: str) -> Decode:  # a C int, sign-extended to 64 bits
+    def decode(s: Sample, a: int, b: int) -> None:
+        s[key] = a - (1 << 64) if a >> 63 else a
+
+    return decode
+
+
+def _kb_per_s(key: str) -> Decode:  # NVML's PCIe "KB" are KiB
+    def decode(s: Sample, a: int, b: int) -> None:
+        s[key] = a * 1024
+
+    return decode
+
+
+def _fans(fans: int) -> Decode:  # the sum over the fans -> their mean
+    def decode(s: Sample, a: int, b: int) -> None:
+        s["fan_pct"] = a / fans
+
+    return decode
+
+
 @dataclass
 class _Call:
-    """One NVML getter of the hot path: ``fn(*args)`` fills ``buffer``; ``outputs`` says what goes into the sample.
-
-    ``outputs`` maps sample keys to Python expressions over the buffer, written with ``{b}`` for it
-    (``"{b}.value / 1000"``); they are compiled once into ``store`` and into the GPU's fast reader.
-    """
+    """One NVML getter of the per-tick reads: ``fn(*args)`` fills a buffer, ``raw()`` gives its answer as the
+    native sampler's (a, b), ``decode`` puts it into a sample; ``native`` is the same read for the native
+    sampler (:mod:`gpuprobe.nvml.native`)."""
 
     key: str  # the sample key it provides (for logging and the unsupported set)
     fn: Any
     args: tuple[Any, ...]
-    buffer: Any
-    outputs: dict[str, str]
-    store: Callable[[Sample], None] = field(init=False)
+    raw: Callable[[], tuple[int, int]]
+    decode: Decode
+    native: NativeCall
 
-    def __post_init__(self) -> None:
-        body = "".join(f"    s[{k!r}] = {e.format(b='b')}\n" for k, e in self.outputs.items())
-        namespace: dict[str, Any] = {"b": self.buffer}
-        exec(f"def store(s):\n{body}", namespace)
-        self.store = namespace["store"]
+    def store(self, sample: Sample) -> None:
+        self.decode(sample, *self.raw())
 
 
 # nvmlDeviceGetNvLinkState, nvmlDeviceGetNvLinkErrorCounter, and per link: (link, state call's
@@ -419,7 +464,6 @@ class _Gpu:
     denied: set[str] = field(default_factory=set)  # the unsupported keys NVML answered NO_PERMISSION for
     logged_errors: set[tuple[str, int]] = field(default_factory=set)
     limit_fallback: bool = False  # field 190 is missing: read the enforced power limit instead
-    fast: Callable[[int], Sample | None] | None = None  # the straight-line reader (None while probing)
     lost: bool = False
     lost_code: int = NVML_ERROR_GPU_IS_LOST  # which of the GONE codes it answered, while lost
     retry_at: float = 0.0
@@ -432,7 +476,8 @@ class _Gpu:
 
 
 class GpuSensor:
-    """All GPUs of the node. ``read_all`` is called by the sampler thread only."""
+    """All GPUs of the node. ``start_sampling``, ``drain`` and ``read_health`` are called by one thread (the
+    agent's sampler)."""
 
     def __init__(
         self, gpus: list[_Gpu], driver_version: str, virtualization: common_pb2.Virtualization, lost_retry_s: float
@@ -444,6 +489,20 @@ class GpuSensor:
         self.read_errors = 0  # NVML errors other than "not supported" (the sampler reads the total)
         self._fv = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
         self._by_index = {g.index: g for g in gpus}
+        # the native sampler's run (start_sampling): its plan, per GPU in it: the reads of its calls, in order
+        self._native: NativeSampler | None = None
+        self._plan: list[tuple[_Gpu, list[_FieldSpec | _Call]]] = []
+        self._interval_ns = 1
+        self._pcie_every = 1
+        self._ring_ticks = 1
+        self._t0_ns = 0
+        self._run_overwritten = 0  # the run's counters at the last drain
+        self._run_missed = 0
+        self._replan = False
+        self.overwritten_ticks = 0  # ticks the native sampler overwrote before they were drained
+        self.missed_ticks = 0  # ticks it skipped (the previous one overran by more than half an interval)
+        self._want_realtime = False
+        self.realtime = False  # its thread runs under SCHED_FIFO (as of the last drain)
         # told (index, lost, reason) when a GPU stops answering (one of the GONE codes) and when it answers
         # again; called in the thread that reads (the sampler's); set it with set_lost_hook
         self.on_lost: Callable[[int, bool, str], None] | None = None
@@ -554,7 +613,7 @@ class GpuSensor:
             return None
 
     def _bind(self, gpu: _Gpu) -> None:
-        """Prepare the buffers and calls of the hot path for one GPU."""
+        """Prepare the buffers and calls of the per-tick reads for one GPU."""
         h = gpu.handle
         specs = [
             _FieldSpec("mem_temp_c", FIELD_MEMORY_TEMP, 1),
@@ -567,39 +626,55 @@ class GpuSensor:
         self._set_fields(gpu, [s for s in specs if s.key not in gpu.unsupported])
         calls: list[_Call] = []
 
-        def add(key: str, name: str | None, buffer: Any, outputs: dict[str, str], *args: Any) -> None:
+        def add(
+            key: str,
+            name: str | None,
+            native: NativeCall,
+            raw: Callable[[], tuple[int, int]],
+            decode: Decode,
+            *args: Any,
+        ) -> None:
             fn = self._function(name) if name else None
             if fn is not None:
-                calls.append(_Call(key, fn, (h, *args), buffer, outputs))
+                calls.append(_Call(key, fn, (h, *args), raw, decode, native))
             elif key not in gpu.unsupported:
                 self._unsupported(gpu, key, f"{name or 'its function'} is missing", NVML_ERROR_FUNCTION_NOT_FOUND)
 
+        def uint(buffer: Any) -> Callable[[], tuple[int, int]]:
+            return lambda: (int(buffer.value), 0)
+
         util = _plain(pynvml.c_nvmlUtilization_t)()
-        add("util_pct", "nvmlDeviceGetUtilizationRates", util, {"util_pct": "{b}.gpu", "mem_util_pct": "{b}.memory"},
+        add("util_pct", "nvmlDeviceGetUtilizationRates", NativeCall(Kind.UTILIZATION),
+            lambda: (int(util.gpu), int(util.memory)), _pair("util_pct", "mem_util_pct"),
             ctypes.byref(util))  # fmt: skip
 
-        memory_outputs = {"mem_used_bytes": "{b}.used", "mem_total_bytes": "{b}.total"}
+        memory = _pair("mem_used_bytes", "mem_total_bytes")
         mem2 = _plain(pynvml.c_nvmlMemory_v2_t)()
         mem2.version = pynvml.nvmlMemory_v2
         fn = self._function("nvmlDeviceGetMemoryInfo_v2")
         if fn is not None and fn(h, ctypes.byref(mem2)) == NVML_SUCCESS:
-            add("mem_used_bytes", "nvmlDeviceGetMemoryInfo_v2", mem2, memory_outputs, ctypes.byref(mem2))
+            add("mem_used_bytes", "nvmlDeviceGetMemoryInfo_v2", NativeCall(Kind.MEMORY_V2, pynvml.nvmlMemory_v2),
+                lambda: (int(mem2.used), int(mem2.total)), memory, ctypes.byref(mem2))  # fmt: skip
         else:
             mem1 = _plain(pynvml.c_nvmlMemory_t)()
-            add("mem_used_bytes", "nvmlDeviceGetMemoryInfo", mem1, memory_outputs, ctypes.byref(mem1))
+            add("mem_used_bytes", "nvmlDeviceGetMemoryInfo", NativeCall(Kind.MEMORY),
+                lambda: (int(mem1.used), int(mem1.total)), memory, ctypes.byref(mem1))  # fmt: skip
 
         power = ctypes.c_uint()
-        add("power_w", "nvmlDeviceGetPowerUsage", power, {"power_w": "{b}.value / 1000"}, ctypes.byref(power))
+        add("power_w", "nvmlDeviceGetPowerUsage", NativeCall(Kind.POWER), uint(power), _milli("power_w"),
+            ctypes.byref(power))  # fmt: skip
 
         temp_v = _plain(pynvml.c_nvmlTemperature_v1_t)()
         temp_v.version = pynvml.nvmlTemperature_v1
         temp_v.sensorType = 0  # NVML_TEMPERATURE_GPU
         fn = self._function("nvmlDeviceGetTemperatureV")
         if fn is not None and fn(h, ctypes.byref(temp_v)) == NVML_SUCCESS:
-            add("temp_c", "nvmlDeviceGetTemperatureV", temp_v, {"temp_c": "{b}.temperature"}, ctypes.byref(temp_v))
+            add("temp_c", "nvmlDeviceGetTemperatureV", NativeCall(Kind.TEMPERATURE_V, pynvml.nvmlTemperature_v1),
+                lambda: (int(temp_v.temperature) % (1 << 64), 0), _signed("temp_c"), ctypes.byref(temp_v))  # fmt: skip
         else:
             temp = ctypes.c_uint()
-            add("temp_c", "nvmlDeviceGetTemperature", temp, {"temp_c": "{b}.value"}, 0, ctypes.byref(temp))
+            add("temp_c", "nvmlDeviceGetTemperature", NativeCall(Kind.TEMPERATURE, 0), uint(temp),
+                _plain_value("temp_c"), 0, ctypes.byref(temp))  # fmt: skip
 
         fans = gpu.info.fan_count if gpu.info.HasField("fan_count") else 0
         fan_fn = self._function("nvmlDeviceGetFanSpeed_v2")
@@ -610,20 +685,23 @@ class GpuSensor:
 
         for key, clock_type in (("sm_clock_mhz", 1), ("mem_clock_mhz", 2)):
             clock = ctypes.c_uint()
-            add(key, "nvmlDeviceGetClockInfo", clock, {key: "{b}.value"}, clock_type, ctypes.byref(clock))
+            add(key, "nvmlDeviceGetClockInfo", NativeCall(Kind.CLOCK, clock_type), uint(clock), _plain_value(key),
+                clock_type, ctypes.byref(clock))  # fmt: skip
 
         reasons = ctypes.c_ulonglong()
-        name = next(
-            (n for n in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+        name, kind = next(
+            ((n, k) for n, k in (("nvmlDeviceGetCurrentClocksEventReasons", Kind.EVENT_REASONS),
+                                 ("nvmlDeviceGetCurrentClocksThrottleReasons", Kind.THROTTLE_REASONS))
              if self._function(n) is not None),
-            None,
+            (None, Kind.EVENT_REASONS),
         )  # fmt: skip
-        add("clock_event_reasons", name, reasons, {"clock_event_reasons": "{b}.value"}, ctypes.byref(reasons))
+        add("clock_event_reasons", name, NativeCall(kind), uint(reasons), _plain_value("clock_event_reasons"),
+            ctypes.byref(reasons))  # fmt: skip
 
         if gpu.limit_fallback:
             limit = ctypes.c_uint()
-            add("power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", limit, {"power_limit_w": "{b}.value / 1000"},
-                ctypes.byref(limit))  # fmt: skip
+            add("power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", NativeCall(Kind.ENFORCED_LIMIT), uint(limit),
+                _milli("power_limit_w"), ctypes.byref(limit))  # fmt: skip
 
         gpu.calls = [c for c in calls if c.key not in gpu.unsupported]
         pcie: list[_Call] = []
@@ -631,9 +709,9 @@ class GpuSensor:
         for key, counter in (("pcie_tx_bytes_per_s", 0), ("pcie_rx_bytes_per_s", 1)):
             kb_per_s = ctypes.c_uint()
             if fn is not None and key not in gpu.unsupported:
-                pcie.append(_Call(key, fn, (h, counter, ctypes.byref(kb_per_s)), kb_per_s, {key: "{b}.value * 1024"}))
+                pcie.append(_Call(key, fn, (h, counter, ctypes.byref(kb_per_s)), uint(kb_per_s), _kb_per_s(key),
+                                  NativeCall(Kind.PCIE, counter)))  # fmt: skip
         gpu.pcie_calls = pcie
-        gpu.fast = None
 
     def _set_fields(self, gpu: _Gpu, specs: list[_FieldSpec]) -> None:
         gpu.fields = specs
@@ -654,46 +732,13 @@ class GpuSensor:
                     return int(rc)
             return NVML_SUCCESS
 
-        mean = "(" + " + ".join(f"{{b}}[{i}].value" for i in range(fans)) + f") / {fans}"
-        return _Call("fan_pct", read_fans, (h,), outs, {"fan_pct": mean})
-
-    def _compile_fast(self, gpu: _Gpu) -> None:
-        """The GPU's hot-path reader as one straight-line function (about half the cost of a generic loop).
-
-        It returns None as soon as any call or field answers anything but SUCCESS (or a field's value
-        type differs from the probe's); the careful path (:meth:`_read`) then reads the GPU again and
-        deals with the error.
-        """
-        ns: dict[str, Any] = {"h": gpu.handle, "fv": self._fv, "arr": gpu.field_array}
-        checks: list[str] = []
-        items = ['"time_unix_ns": t_ns', f'"gpu_index": {gpu.index}']
-        if gpu.field_count:
-            checks.append(f"fv(h, {gpu.field_count}, arr)")
-            for i, spec in enumerate(gpu.fields):
-                if spec.value_type not in VALUE_MEMBERS:
-                    return  # never read successfully: no fast path
-                ns[f"f{i}"] = gpu.field_array[i]
-                checks.append(f"f{i}.nvmlReturn or f{i}.valueType != {spec.value_type}")
-                value = f"f{i}.value.{VALUE_MEMBERS[spec.value_type]}"
-                items.append(f"{spec.key!r}: {value}" + (f" / {spec.divisor}" if spec.divisor != 1 else ""))
-        for j, call in enumerate(gpu.calls):
-            ns[f"c{j}"] = call.fn
-            ns[f"b{j}"] = call.buffer
-            for k, arg in enumerate(call.args):
-                ns[f"c{j}a{k}"] = arg
-            checks.append(f"c{j}({', '.join(f'c{j}a{k}' for k in range(len(call.args)))})")
-            items.extend(f"{key!r}: {expr.format(b=f'b{j}')}" for key, expr in call.outputs.items())
-        source = (
-            "def read(t_ns):\n"
-            f"    if {' or '.join(checks) or 'False'}:\n"
-            "        return None\n"
-            f"    return {{{', '.join(items)}}}\n"
-        )
-        exec(source, ns)
-        gpu.fast = ns["read"]
+        return _Call(
+            "fan_pct", read_fans, (h,), lambda: (sum(int(o.value) for o in outs), fans), _fans(fans),
+            NativeCall(Kind.FANS, fans),
+        )  # fmt: skip
 
     def _probe(self, gpu: _Gpu) -> None:
-        """Reads at start: find what this GPU does not support and drop it from the hot path."""
+        """Reads at start: find what this GPU does not support and drop it from the per-tick reads."""
         for _ in range(2):  # a second round checks the power-limit fallback
             before = set(gpu.unsupported)
             self._read(gpu, 0, probing=True)
@@ -704,11 +749,6 @@ class GpuSensor:
                 gpu.limit_fallback = True
                 gpu.unsupported.discard("power_limit_w")
             self._bind(gpu)
-        if not gpu.lost:
-            for i, spec in enumerate(gpu.fields):
-                if gpu.field_array[i].nvmlReturn == NVML_SUCCESS:
-                    spec.value_type = int(gpu.field_array[i].valueType)
-            self._compile_fast(gpu)
         # the probe's errors are not sampling errors
         self.read_errors = 0
 
@@ -756,59 +796,160 @@ class GpuSensor:
                 "%s: reading %s failed (%s); the field is left out of that sample", gpu.label, key, error_name(code)
             )
 
-    # ------------------------------------------------------------------ the hot path
+    # ------------------------------------------------------------------ the per-tick reads (native sampler)
 
-    def read_all(self, pcie_every: int = 1, pcie_slot: int = 0) -> list[Sample]:
-        """One sample per GPU that answers, each stamped (agent clock, ns) just before its GPU is read.
+    def start_sampling(
+        self,
+        sampler: NativeSampler,
+        interval_s: float,
+        pcie_every: int = 1,
+        ring_ticks: int = 64,
+        t0_mono_ns: int | None = None,
+        realtime: bool = False,
+    ) -> None:
+        """Hand the per-tick reads of every known GPU to the native sampler (:mod:`gpuprobe.nvml.native`):
+        tick ``n`` at ``t0_mono_ns + n * interval_s`` (``time.monotonic_ns``'s clock; now by default), the
+        GPU at position ``p`` reading PCIe on the ticks with ``n % pcie_every == p % pcie_every``, at most
+        ``ring_ticks`` ticks kept until :meth:`drain` takes them (older ones are overwritten and counted in
+        :attr:`overwritten_ticks`); ``realtime``: its thread asks for SCHED_FIFO (:attr:`realtime` says, after
+        a drain, whether it got it)."""
+        self._native = sampler
+        self._interval_ns = max(1, round(interval_s * 1e9))
+        self._pcie_every = max(1, pcie_every)
+        self._ring_ticks = ring_ticks
+        self._t0_ns = time.monotonic_ns() if t0_mono_ns is None else t0_mono_ns
+        self._want_realtime = realtime
+        self._start_plan(0)
 
-        The GPUs at positions ``p`` with ``p % pcie_every == pcie_slot`` also get PCIe throughput, read
-        after every GPU's sample (each PCIe read can block ~20 ms on real GPUs).
-        """
-        out: list[Sample] = []
-        pcie: list[tuple[_Gpu, Sample]] = []
-        time_ns = time.time_ns
+    def _start_plan(self, first_tick: int) -> None:
+        native = self._native
+        assert native is not None
+        plan: list[NativeGpu] = []
+        slots: list[tuple[_Gpu, list[_FieldSpec | _Call]]] = []
         for position, gpu in enumerate(self._gpus):
-            fast = gpu.fast
-            if gpu.lost:
-                if time.monotonic() < gpu.retry_at or (not gpu.known and not self._identify(gpu)):
-                    continue
-                fast = None
-            t_ns = time_ns()
-            sample = fast(t_ns) if fast is not None else None
-            if sample is None:
-                sample = self._read(gpu, t_ns)  # a call failed (or no fast path): read carefully
-                if sample is not None and gpu.fast is None and not gpu.lost:
-                    self._compile_fast(gpu)  # a GPU that was lost at the probe
-            if sample is not None:
-                out.append(sample)
-                if position % pcie_every == pcie_slot and gpu.pcie_calls:
-                    pcie.append((gpu, sample))
-        for gpu, sample in pcie:
-            self._read_pcie(gpu, sample)
+            if not gpu.known:
+                continue  # joins (a new plan) when it answers: drain() looks once per lost_retry_s
+            what: list[_FieldSpec | _Call] = [*gpu.fields, *gpu.calls, *gpu.pcie_calls]
+            calls = [NativeCall(Kind.FIELD, s.field_id) for s in gpu.fields] + [c.native for c in gpu.calls]
+            phase = position % self._pcie_every
+            calls += [replace(c.native, every=self._pcie_every, phase=phase) for c in gpu.pcie_calls]
+            plan.append(NativeGpu(_address(gpu.handle), tuple(calls)))
+            slots.append((gpu, what))
+        retry_ticks = max(1, round(self._lost_retry_s * 1e9 / self._interval_ns))
+        native.start(
+            plan,
+            sorted(GONE),
+            self._t0_ns,
+            self._interval_ns,
+            retry_ticks,
+            self._ring_ticks,
+            first_tick,
+            self._want_realtime,
+        )
+        self._plan = slots
+        self._run_overwritten = 0
+        self._run_missed = 0
+        self._replan = False
+
+    def stop_sampling(self) -> None:
+        """Stop the native sampler's thread (at most one interval later); :meth:`drain` still gives its last ticks."""
+        if self._native is not None:
+            self._native.stop()
+
+    def drain(self) -> list[tuple[int, list[Sample]]]:
+        """The ticks the native sampler made since the last call, oldest first: (tick number, one sample per
+        GPU that answered, each stamped (agent clock, ns) just before its GPU was read). Called by one
+        thread only (the agent's sampler); the errors are translated here, as the module says."""
+        native = self._native
+        assert native is not None, "start_sampling first"
+        records, stats = native.drain()
+        out = [self._tick_samples(r) for r in records]
+        self.overwritten_ticks += stats.overwritten - self._run_overwritten
+        self.missed_ticks += stats.missed_ticks - self._run_missed
+        self._run_overwritten, self._run_missed = stats.overwritten, stats.missed_ticks
+        self.realtime = stats.realtime
+        if stats.error:  # its thread stopped: no more ticks will come (the caller decides what that means)
+            raise OSError(stats.error, os.strerror(stats.error))
+        now = time.monotonic()
+        for gpu in self._gpus:
+            if not gpu.known and now >= gpu.retry_at and self._identify(gpu):
+                self._replan = True
+        if self._replan:  # a GPU joins, or a read changed: the plan again, from the next tick on the same grid
+            native.stop()
+            records, stats = native.drain()
+            out += [self._tick_samples(r) for r in records]
+            self.overwritten_ticks += stats.overwritten - self._run_overwritten
+            self.missed_ticks += stats.missed_ticks - self._run_missed
+            last = out[-1][0] if out else 0
+            first = max(last + 1, (time.monotonic_ns() - self._t0_ns) // self._interval_ns + 1)
+            self._start_plan(first)
         return out
+
+    def _tick_samples(self, record: Record) -> tuple[int, list[Sample]]:
+        samples: list[Sample] = []
+        k = 0  # the GPU's first call in the plan's order over all GPUs
+        for position, (gpu, what) in enumerate(self._plan):
+            stamp = record.stamps[position]
+            if stamp:
+                sample = self._answer(gpu, stamp, what, record.values, k)
+                if sample is not None:
+                    samples.append(sample)
+            k += len(what)
+        return record.tick, samples
+
+    def _answer(
+        self, gpu: _Gpu, t_ns: int, what: list[_FieldSpec | _Call], values: tuple[tuple[int, int, int], ...], k: int
+    ) -> Sample | None:
+        """One GPU's sample from its answers in one record; None when it is lost."""
+        sample: Sample = {"time_unix_ns": t_ns, "gpu_index": gpu.index}
+        for j, item in enumerate(what):
+            rc, a, b = values[k + j]
+            if rc == NVML_SUCCESS:
+                if isinstance(item, _FieldSpec):
+                    value = _raw_value(b, a)
+                    sample[item.key] = value / item.divisor if item.divisor != 1 else value
+                else:
+                    item.decode(sample, a, b)
+                continue
+            if rc == NOT_READ:
+                continue
+            where = f"NVML field {item.field_id}" if isinstance(item, _FieldSpec) else "NVML"
+            if rc in GONE:
+                self._lose(gpu, item.key if isinstance(item, _Call) else f"field {item.field_id}", rc)
+                return None
+            if rc in LEFT_OUT:
+                if item.key in gpu.unsupported:
+                    continue  # a tick made before the call was disabled
+                self._unsupported(gpu, item.key, where, rc)
+                assert self._native is not None
+                self._native.disable(k + j)  # out of the per-tick reads, as at the probe
+                if item.key == "power_limit_w" and not gpu.limit_fallback:
+                    gpu.limit_fallback = True  # the enforced power limit instead, in a new plan
+                    gpu.unsupported.discard("power_limit_w")
+                    self._bind(gpu)
+                    self._replan = True
+            else:
+                self._error(gpu, item.key, rc)
+        if gpu.lost:
+            self._answers_again(gpu)
+        return sample
 
     @property
     def count(self) -> int:
         return len(self._gpus)
 
     def read_gpu(self, index: int) -> Sample | None:
-        """One sample of the GPU with NVML index ``index``, without PCIe; None when it is lost or unknown.
+        """One sample of the GPU with NVML index ``index``, without PCIe, read now in the calling thread;
+        None when it is lost or unknown.
 
         For a reader that wants some GPUs on its own schedule (the control plane's probe sampler in
-        ``gpuprobe control-agent``). Like :meth:`read_all` it must not run in two threads at once:
-        the read buffers are the GPU's own. It repeats :meth:`read_all`'s per-GPU steps rather than
-        sharing them, so that the hot path keeps no extra call per GPU.
+        ``gpuprobe control-agent``). It must not run in two threads at once: the read buffers are the
+        GPU's own.
         """
         gpu = next((g for g in self._gpus if g.index == index), None)
         if gpu is None or not gpu.known or (gpu.lost and time.monotonic() < gpu.retry_at):
             return None
-        t_ns = time.time_ns()
-        sample = gpu.fast(t_ns) if gpu.fast is not None and not gpu.lost else None
-        if sample is None:
-            sample = self._read(gpu, t_ns)  # a call failed (or no fast path): read carefully
-            if sample is not None and gpu.fast is None and not gpu.lost:
-                self._compile_fast(gpu)  # a GPU that was lost at the probe
-        return sample
+        return self._read(gpu, time.time_ns())
 
     def _read(self, gpu: _Gpu, t_ns: int, probing: bool = False) -> Sample | None:
         sample: Sample = {"time_unix_ns": t_ns, "gpu_index": gpu.index}
@@ -826,9 +967,8 @@ class GpuSensor:
                     f = arr[i]
                     frc = f.nvmlReturn
                     if frc == NVML_SUCCESS:
-                        sample[spec.key] = _field_value(f) / spec.divisor if spec.divisor != 1 else _field_value(f)
-                        if spec.value_type < 0:
-                            spec.value_type = int(f.valueType)
+                        value = _raw_value(int(f.valueType), int(f.value.ullVal))
+                        sample[spec.key] = value / spec.divisor if spec.divisor != 1 else value
                     elif frc in GONE:
                         self._lose(gpu, f"field {spec.field_id}", frc)
                         return None
@@ -850,22 +990,24 @@ class GpuSensor:
         if not probing and (
             any(s.key in gpu.unsupported for s in gpu.fields) or any(c.key in gpu.unsupported for c in gpu.calls)
         ):
-            # a read that stopped being possible (MIG switched on, say): out of the hot path, as at the probe
+            # a read that stopped being possible (MIG switched on, say): left out from now on, as at the probe
             self._set_fields(gpu, [s for s in gpu.fields if s.key not in gpu.unsupported])
             gpu.calls = [c for c in gpu.calls if c.key not in gpu.unsupported]
-            self._compile_fast(gpu)
         if gpu.lost:
-            gpu.lost = False
-            log.warning("%s answers again; sampling it resumes", gpu.label)
-            self._refresh_info(gpu)
-            # interval reads start afresh after an outage
-            for gpm in [gpu.slow.gpm, *gpu.slow.gpm_migs.values()]:
-                if gpm is not None:
-                    gpm.current = -1
-            gpu.slow.nvlink_prev.clear()
-            gpu.slow.nvlink_totals.clear()  # a reset may have zeroed the counters: read every link again
-            self._tell(gpu, False)
+            self._answers_again(gpu)
         return sample
+
+    def _answers_again(self, gpu: _Gpu) -> None:
+        gpu.lost = False
+        log.warning("%s answers again; sampling it resumes", gpu.label)
+        self._refresh_info(gpu)
+        # interval reads start afresh after an outage
+        for gpm in [gpu.slow.gpm, *gpu.slow.gpm_migs.values()]:
+            if gpm is not None:
+                gpm.current = -1
+        gpu.slow.nvlink_prev.clear()
+        gpu.slow.nvlink_totals.clear()  # a reset may have zeroed the counters: read every link again
+        self._tell(gpu, False)
 
     def _read_pcie(self, gpu: _Gpu, sample: Sample, probing: bool = False) -> None:
         for call in gpu.pcie_calls:
@@ -909,7 +1051,7 @@ class GpuSensor:
         """The health interval's reads of GPU ``index``, added to ``sample`` (its tick's sample).
 
         None when the GPU is lost (also when it is lost during these reads). Called by the sampler
-        thread only, like :meth:`read_all`.
+        thread only, like :meth:`drain`.
         """
         gpu = self._by_index.get(index)
         if gpu is None or gpu.lost or not gpu.known:

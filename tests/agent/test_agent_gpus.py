@@ -186,6 +186,19 @@ def test_spool_directory_in_use_is_refused(tmp_path: Path, receiver: Receiver, a
     assert first.terminate() == 0
 
 
+def test_without_a_native_sampler_the_agent_exits_2_naming_the_command_that_builds_it(
+    tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
+) -> None:
+    """GPUs but no native sampler to read them (GPUPROBE_SAMPLER_LIB_DIR names a folder without it): the
+    agent says so, names the build command and exits 2, rather than sample the GPUs some slower way."""
+    sim = machine(tmp_path / "sim", ["L4"])
+    empty = tmp_path / "no-sampler"
+    empty.mkdir()
+    agent = agent_factory(sim, [receiver.address], env={"GPUPROBE_SAMPLER_LIB_DIR": str(empty)})
+    assert agent.proc is not None and agent.proc.wait(30) == 2
+    assert "native GPU sampler" in agent.log() and "python -m gpuprobe.nvml.native" in agent.log()
+
+
 def test_without_nvml_the_agent_samples_the_host_with_its_hwmon_sensors(
     tmp_path: Path, receiver: Receiver, agent_factory: AgentFactory
 ) -> None:
@@ -214,13 +227,14 @@ def test_without_nvml_the_agent_samples_the_host_with_its_hwmon_sensors(
 
 def test_field_values_unpacked_in_one_go_read_as_pynvml_reads_them() -> None:
     """The NVLink fields (throughput per link, error totals) are unpacked from the raw array in one call,
-    not field by field; every NVML value type must come out as pynvml's own union member gives it (a
-    driver may answer a field in another type than the simulator)."""
+    not field by field, and the native sampler hands each field's 8 raw bytes; every NVML value type must
+    come out as pynvml's own union member gives it (a driver may answer a field in another type than the
+    simulator)."""
     import ctypes
 
     import pynvml
 
-    from gpuprobe.nvml.sensor import _FIELD_VALUE, _field_value, _plain, _unpacked_int
+    from gpuprobe.nvml.sensor import _FIELD_VALUE, _plain, _raw_value, _unpacked_int
 
     assert _FIELD_VALUE.size == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
     cases = [  # valueType, union member, value
@@ -238,7 +252,9 @@ def test_field_values_unpacked_in_one_go_read_as_pynvml_reads_them() -> None:
         array[i].valueType = value_type
         setattr(array[i].value, member, value)
     unpacked = [_unpacked_int(f) for f in _FIELD_VALUE.iter_unpack(bytes(array))]
-    assert unpacked == [int(_field_value(array[i])) for i in range(len(cases))]
+    members = [getattr(array[i].value, member) for i, (_, member, _) in enumerate(cases)]
+    assert [_raw_value(vt, int(array[i].value.ullVal)) for i, (vt, _, _) in enumerate(cases)] == members
+    assert unpacked == [int(m) for m in members]
     assert unpacked == [12345, 4_000_000_000, 2**40 + 5, 2**63 + 7, -5, -7, 65_000]
 
 

@@ -82,6 +82,25 @@ def test_size_cap_drops_the_oldest_and_reports_each_drop_once_even_across_a_rest
     assert spool.state().bytes <= 3 * one
 
 
+def test_samples_the_native_sampler_overwrote_go_into_the_next_batchs_dropped_samples(tmp_path: Path) -> None:
+    """The ring's overwrites (counted as samples_overwritten) reach the collector in AgentStats.dropped_samples
+    of the next batch the batcher makes, added to the spool's own drops, each once."""
+    counters = Counters()
+    counters.add(samples_overwritten=16)
+    assert counters.take_batch_deltas() == (0, 0, 16)
+    assert counters.take_batch_deltas() == (0, 0, 0), "reported once"
+    one = len(batch(50).SerializeToString()) + 40
+    spool = Spool(tmp_path, max_bytes=3 * one)
+    for _ in range(3):
+        spool.append(batch(50), 50)
+    b = batch(50)
+    b.stats.dropped_samples = 16  # as the batcher sets it
+    appended = spool.append(b, 50)  # the cap drops the oldest batch too
+    stored = telemetry_pb2.SampleBatch.FromString(spool.read_after(appended.seq - 1, 1)[0].payload)
+    assert (stored.stats.dropped_samples, stored.stats.dropped_batches) == (50 + 16, 1)
+    spool.close()
+
+
 def test_cap_takes_acknowledged_rows_first_and_spares_batches_in_flight(tmp_path: Path) -> None:
     one = len(batch(50).SerializeToString()) + 40
     spool = Spool(tmp_path, max_bytes=3 * one)

@@ -380,17 +380,8 @@ def _python_constants() -> list[tuple[str, Any, str]]:
         out.append((f"sensor.GPM_METRICS {key}", gpm[key], f"NVML_GPM_METRIC_{metric}"))
     for number, arch in sensor.ARCHITECTURES.items():
         out.append((f"sensor.ARCHITECTURES {arch}", number, f"NVML_DEVICE_ARCH_{arch.upper()}"))
-    for number, member in sensor.VALUE_MEMBERS.items():
-        kind = {
-            "dVal": "DOUBLE",
-            "uiVal": "UNSIGNED_INT",
-            "ulVal": "UNSIGNED_LONG",
-            "ullVal": "UNSIGNED_LONG_LONG",
-            "sllVal": "SIGNED_LONG_LONG",
-            "siVal": "SIGNED_INT",
-            "usVal": "UNSIGNED_SHORT",
-        }[member]
-        out.append((f"sensor.VALUE_MEMBERS {member}", number, f"NVML_VALUE_TYPE_{kind}"))
+    for number, kind in sensor.VALUE_TYPES.items():
+        out.append((f"sensor.VALUE_TYPES {kind}", number, f"NVML_VALUE_TYPE_{kind}"))
     for number, mode in zip(
         sorted(sensor.VIRTUALIZATION_MODES), ("NONE", "PASSTHROUGH", "VGPU", "HOST_VGPU", "HOST_VSGA"), strict=True
     ):
@@ -864,3 +855,30 @@ def test_the_sensors_direct_calls_pass_what_nvml_h_declares(abi: Abi) -> None:
             if not ok:
                 problems.append(f"{fn} argument {i}: the sensor passes {kind}, nvml.h declares {param!r}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_native_samplers_nvml_structs_are_nvml_hs(tmp_path: Path) -> None:
+    """gpuprobe/nvml/native/sampler.c declares its own copies of the structs it passes to NVML (it does not
+    include nvml.h, which ships only with the dev extra): compiled in one unit with the header, each copy
+    must have nvml.h's size and field offsets, or the build fails here."""
+    from gpuprobe.nvml import native
+
+    pairs = {  # the sampler's struct -> (nvml.h's, the fields compared)
+        "nvml_field": ("nvmlFieldValue_t", ("fieldId", "scopeId", "timestamp", "valueType", "nvmlReturn", "value")),
+        "nvml_util": ("nvmlUtilization_t", ("gpu", "memory")),
+        "nvml_memory_v2": ("nvmlMemory_v2_t", ("version", "total", "reserved", "free", "used")),
+        "nvml_memory": ("nvmlMemory_t", ("total", "free", "used")),
+        "nvml_temperature_v1": ("nvmlTemperature_v1_t", ("version", "sensorType", "temperature")),
+    }
+    checks = []
+    for mine, (theirs, fields) in pairs.items():
+        checks.append(f'_Static_assert(sizeof({mine}) == sizeof({theirs}), "sizeof {mine}");')
+        checks += [f'_Static_assert(offsetof({mine}, {f}) == offsetof({theirs}, {f}), "{mine}.{f}");' for f in fields]
+    unit = tmp_path / "unit.c"
+    unit.write_text(
+        f'#include <stddef.h>\n#include "{HEADER}"\n#include "{native.SOURCE}"\n' + "\n".join(checks) + "\n"
+    )
+    done = subprocess.run(
+        ["gcc", "-fsyntax-only", "-Wall", "-Werror", str(unit)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
