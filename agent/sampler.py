@@ -165,8 +165,10 @@ class Sampler:
             m = 0  # the drain number: drain m comes half an interval after tick m·per_drain
             while True:
                 delay_s = (t0_ns + m * per_drain * interval_ns + interval_ns // 2 - time.monotonic_ns()) / 1e9
-                if delay_s > 0 and self._stop.wait(delay_s):
-                    break
+                if delay_s > 0:
+                    # a plain sleep (at most a second): a timed Event.wait hangs under libfaketime with a faked
+                    # monotonic clock (the skewed-node test), and a stop waits at most that second
+                    time.sleep(delay_s)
                 if self._stop.is_set():
                     break
                 ticks = self.ticks

@@ -516,7 +516,11 @@ def sandwich_covariance(
     scaled = np.linalg.inv(jac.T @ (jw / inflation[:, None]))
     times = np.concatenate([sr.time_s for sr in series])
     rows = np.concatenate([np.arange(len(res))[sr.rows] for sr in series])
-    h = float(np.median(np.diff(np.unique(np.round(times, 6))))) if len(np.unique(times)) > 1 else 1.0
+    # the bins: the coarsest series' own step (the GPUs' grids are offset by their sampling instants, µs
+    # apart, so the step between all the times together would make a bin per microsecond: 22 GB for five
+    # GPUs over three minutes, which the OOM killer ended)
+    steps = [float(np.median(np.diff(sr.time_s))) for sr in series if len(sr.time_s) > 1]
+    h = max([x for x in steps if x > 0], default=1.0)
     bins = np.round((times - times.min()) / h).astype(np.int64)
     scores = np.zeros((int(bins.max()) + 1, jac.shape[1]))
     np.add.at(scores, bins, jw[rows] * res[rows, None])

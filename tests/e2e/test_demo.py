@@ -74,8 +74,10 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path, demo_tmp:
     assert "both agents are online" in result.stderr
     assert "node-a" in result.stdout and "node-b" in result.stdout
     summary = result.stdout[result.stdout.index("R_th") : result.stdout.index("\nreport: ")]
-    gpu_rows = [line for line in summary.splitlines() if line.startswith(("node-a ", "node-b ")) and "all" not in line]
-    assert len(gpu_rows) == 8
+    # each host heads its GPUs' rows (the table fits 120 columns)
+    assert re.findall(r"^node-[ab]$", summary, re.M) == ["node-a", "node-b"], summary
+    gpu_rows = re.findall(r"^ +\d (?:H100|A100|L4|GeForce)\b.*$", summary, re.M)
+    assert len(gpu_rows) == 8, summary
     report_line = next(line for line in result.stdout.splitlines() if line.startswith("report: "))
     html = Path(report_line.removeprefix("report: "))
     assert html.parent == out and html.exists()

@@ -294,7 +294,7 @@ def run_probe(system: System, broker: str, private: Path, cluster: str) -> str:
             assert g["samples_per_s"] == pytest.approx(truth.samples_per_s, rel=0.02), (where, g)
             assert g["energy_j"] == pytest.approx(g["mean_power_w"] * PHASES["duration"], rel=0.05), (where, g)
             assert g["j_per_sample"] == pytest.approx(g["energy_j"] / g["samples"]), (where, g)
-            assert g["idle_power_w"] == pytest.approx(profile.idle_w, rel=0.1), (where, g)
+            assert 0 < g["idle_power_w"] < g["mean_power_w"], (where, g)  # its idle level: check_probe_points
             assert g["peak_power_w"] >= g["mean_power_w"] - 1 and g["peak_temp_c"] > 40, (where, g)
         t = r["total"]
         assert t["energy_j"] == pytest.approx(sum(g["energy_j"] for g in r["gpus"])), r

@@ -217,6 +217,15 @@ def test_the_install_and_production_commands_of_docs_setup_md_run_under_a_tempor
         env=env, cwd=tmp_path, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert Path(imported.strip()).is_relative_to(venv), imported
+    # the native sampler was built into the environment, where the service's user finds it without
+    # building (it can't write there): its own cache, in an empty home, is not where it is
+    empty_home = tmp_path / "service-home"
+    empty_home.mkdir()
+    built = subprocess.run(
+        [venv / "bin/python", "-c", "from gpuprobe.nvml.native import LIBRARY; print(LIBRARY.built())"],
+        env={**env, "HOME": str(empty_home)}, cwd=tmp_path, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert Path(built.strip()).is_relative_to(venv), built
     unit = (root / "etc/systemd/system/gpuprobe-agent.service").read_text()
     assert f"ExecStart={venv}/bin/gpuprobe --config /etc/gpuprobe/agent.toml agent" in unit, unit
     config = tomllib.loads((root / "etc/gpuprobe/agent.toml").read_text())["agent"]

@@ -291,3 +291,26 @@ def test_a_memory_that_one_stage_does_not_describe_is_left_out() -> None:
         assert not any("the memory temperature of" in n for n in fit.notes), fit.notes
         check_recovered(fit, truth, 100.0)
         assert fit.model == "rc2+inlet"
+
+
+def test_the_sandwich_bins_the_node_s_gpus_by_their_own_step_however_their_instants_are_offset() -> None:
+    """GPUs of one node are read microseconds apart within a tick: binned by the step between all their
+    times together, the scores got a bin per microsecond (22 GB for five GPUs over three minutes, the
+    OOM killer ended `gpuprobe model` in CI). Offset or not, the same bins and the same covariance."""
+    from gpuprobe.model.thermal_stages import Series, sandwich_covariance
+
+    rng = np.random.default_rng(7)
+    n, h = 1800, 0.1  # two GPUs, 180 s at 10 Hz
+    t = (np.arange(n) + 0.5) * h
+    jac = rng.normal(size=(2 * n, 3))
+    res = np.repeat(rng.normal(size=(2 * n) // 20), 20) + rng.normal(scale=0.1, size=2 * n)
+
+    def covariance(offset_s: float) -> tuple[np.ndarray, np.ndarray]:
+        series = [Series(slice(0, n), 3, t), Series(slice(n, 2 * n), 3, t + offset_s)]
+        result = sandwich_covariance(jac, res, series, bandwidth_s=8.0)
+        assert result is not None
+        return result
+
+    aligned, offset = covariance(0.0), covariance(37e-6)
+    for a, b in zip(aligned, offset, strict=True):
+        assert np.allclose(a, b, rtol=1e-9, atol=0.0)
