@@ -399,20 +399,25 @@ class WriteAheadLog:
                 truncate_wal_file(self._db)
             # deletes of delivered rows first, on their own: they free pages for the batches
             settles = [op for op in group if op.kind == "settle"]
-            if settles and len(settles) < len(group) and self._commit(settles) is None:
+            if settles and len(settles) < len(group) and self._commit(settles, whole_group=False) is None:
                 group = [op for op in group if op.kind != "settle"]
             error = self._commit(group)
-        recovered = self.failure
-        if recovered is not None:
-            self.failure = None
-            log.warning(
-                "WAL %s is writable again after %.1f s and %d failed commits: batches are acked again",
-                self.path,
-                time.monotonic() - recovered.since_monotonic,
-                recovered.failed_commits,
-            )
-            self._state_changed()
         return not stop
+
+    def _recovered(self) -> None:
+        """A commit of a whole group succeeded after failures: healthy again. Called before that
+        group's futures resolve, so whoever is acked sees a healthy log."""
+        recovered = self.failure
+        if recovered is None:
+            return
+        self.failure = None
+        log.warning(
+            "WAL %s is writable again after %.1f s and %d failed commits: batches are acked again",
+            self.path,
+            time.monotonic() - recovered.since_monotonic,
+            recovered.failed_commits,
+        )
+        self._state_changed()
 
     def _take_queued(self, group: list[_Op]) -> bool:
         """Moves what was queued meanwhile into ``group``; True when close() asked the writer to stop."""
@@ -486,9 +491,10 @@ class WriteAheadLog:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(self._resolve, group, error, appended)
 
-    def _commit(self, group: list[_Op]) -> BaseException | None:
+    def _commit(self, group: list[_Op], whole_group: bool = True) -> BaseException | None:
         """One transaction for ``group``; resolves its futures on success, returns the error otherwise
-        (the futures then stay pending for the retry)."""
+        (the futures then stay pending for the retry). Only the commit of a ``whole_group`` ends a
+        failure: the deletes committed ahead of it may pass while the batches still fail."""
         started = time.perf_counter()
         now_ns = time.time_ns()
         # compressed here, in the writer thread, off the event loop
@@ -560,6 +566,8 @@ class WriteAheadLog:
         if self.on_commit_seconds is not None:
             self.on_commit_seconds(time.perf_counter() - started)
         if error is None:
+            if whole_group:
+                self._recovered()
             self._resolve_soon(group, None, bool(appended))
         return error
 

@@ -1,5 +1,5 @@
 """Failures with real processes and real signals: the collector killed with SIGKILL mid-stream, InfluxDB
-stopped for 60 s, the WAL's disk full, a SIGTERM, several worker processes on one port. Nothing lost,
+stopped for 20 s, the WAL's disk full, a SIGTERM, several worker processes on one port. Nothing lost,
 nothing duplicated."""
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def test_collector_killed_with_sigkill_mid_stream_and_restarted_loses_and_duplic
 
 
 @pytest.mark.slow
-def test_influxdb_stopped_for_60_s_mid_stream_the_wal_grows_then_drains_and_nothing_is_lost(
+def test_influxdb_stopped_for_20_s_mid_stream_the_wal_grows_then_drains_and_nothing_is_lost(
     private_influxdb: InfluxDBServer, tmp_path: Path
 ) -> None:
     private_influxdb.create_database("outage")
@@ -187,12 +187,13 @@ def test_influxdb_stopped_for_60_s_mid_stream_the_wal_grows_then_drains_and_noth
             await asyncio.to_thread(private_influxdb.stop)
             outage_started = time.monotonic()
             acked_at_stop = [agent.acked_seq for agent in fleet.agents]
-            while time.monotonic() - outage_started < 60.0:
+            # the outage lasts 20 s, ten of the sink's longest backoffs: its WAL depth once a second
+            while time.monotonic() - outage_started < 20.0:
                 depth.append((time.monotonic() - outage_started, collector.wal.depth_lines))
-                await support.pass_time_async(1.0)  # the outage lasts 60 s: its WAL depth once a second
+                await support.pass_time_async(1.0)
             # acks went on during the outage: the batches were durable in the WAL
             assert all(
-                agent.acked_seq > at_stop + 100 for agent, at_stop in zip(fleet.agents, acked_at_stop, strict=True)
+                agent.acked_seq > at_stop + 30 for agent, at_stop in zip(fleet.agents, acked_at_stop, strict=True)
             )
             assert collector.metrics.value("gpuprobe_collector_sink_up") == 0
             peak = collector.wal.depth_lines
@@ -204,7 +205,7 @@ def test_influxdb_stopped_for_60_s_mid_stream_the_wal_grows_then_drains_and_noth
             await wait_until(lambda: collector.wal.depth_lines == 0, 60, "the WAL to drain")
             assert collector.metrics.value("gpuprobe_collector_sink_up") == 1
             assert all(not agent.errors for agent in fleet.agents)
-            assert peak >= 3 * 8 * 10 * 100  # ~120 batches per agent waited in the WAL
+            assert peak >= 3 * 8 * 10 * 30  # ~40 batches per agent waited in the WAL
             await wait_stored(private_influxdb, "outage", fleet.total, 30)
             assert_exactly_once(private_influxdb, "outage", fleet.sent)
 
