@@ -28,6 +28,7 @@ from typing import Any
 from gpuprobe.config import Option, parse_duration, parse_whole_seconds
 from gpuprobe.control.mqtt import MQTT_OPTIONS
 from gpuprobe.control.settings import ALLOW_POWER_LIMITS, TRUSTED_KEYS
+from gpuprobe.nvml.native import REALTIME_PRIORITY
 from gpuprobe.systemd import (
     UnitSpec,
     default_executable,
@@ -161,6 +162,7 @@ def render_agent_unit(values: dict[str, Any], executable: Path) -> str:
         user=values["user"],
         state_directory=STATE_DIRECTORY,
         after_only=NVIDIA_SERVICES,
+        realtime_priority=REALTIME_PRIORITY,  # the native sampler's ticks on time with every core busy
         watchdog_s=int(values["watchdog"]),
         timeout_stop_s=stop_s,
         supplementary_groups=("audio",) if values["mic_device"] else (),

@@ -48,7 +48,7 @@ from gpuprobe.agent.sensors.host import HostSensor
 from gpuprobe.agent.sensors.processes import ProcessTracker
 from gpuprobe.agent.sensors.proxy import AcousticProxy
 from gpuprobe.agent.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
-from gpuprobe.nvml.native import NativeSampler
+from gpuprobe.nvml.native import REALTIME_PRIORITY, NativeSampler
 from gpuprobe.nvml.sensor import GpuSensor
 from gpuprobe.v1 import telemetry_pb2
 
@@ -219,11 +219,16 @@ class Sampler:
         if self._realtime_said is None or self._realtime_said != gpus.realtime:
             self._realtime_said = gpus.realtime
             if gpus.realtime:
-                log.info("the native sampler's thread runs under SCHED_FIFO (priority 1): its ticks wake on time")
+                log.info(
+                    "the native sampler's thread runs under SCHED_FIFO (priority %d): its ticks wake on time",
+                    REALTIME_PRIORITY,
+                )
             else:
                 log.info(
-                    "the native sampler's thread runs at normal priority (SCHED_FIFO needs CAP_SYS_NICE): with"
-                    " every core busy its ticks may wake late"
+                    "the native sampler's thread runs at normal priority (SCHED_FIFO %d needs an RLIMIT_RTPRIO that"
+                    " high, as the installed unit's LimitRTPRIO= gives, or CAP_SYS_NICE): with every core busy its"
+                    " ticks may wake late",
+                    REALTIME_PRIORITY,
                 )
         overwritten = gpus.overwritten_ticks - self._last_overwritten
         if overwritten:

@@ -31,6 +31,9 @@ class UnitSpec:
     supplementary_groups: Sequence[str] = ()
     device_allow: Sequence[str] = ()  # e.g. /dev/nvidiactl rw, for the agent
     timeout_stop_s: int = 30
+    # the highest SCHED_FIFO priority the service may ask for without a capability (LimitRTPRIO=); 0: no
+    # real-time scheduling at all (RestrictRealtime=yes)
+    realtime_priority: int = 0
 
 
 def render_unit(spec: UnitSpec) -> str:
@@ -64,7 +67,7 @@ def render_unit(spec: UnitSpec) -> str:
         "ProtectKernelModules=yes",
         "ProtectControlGroups=yes",
         "RestrictSUIDSGID=yes",
-        "RestrictRealtime=yes",
+        *_realtime_lines(spec.realtime_priority),
         "LockPersonality=yes",
         "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
         "CapabilityBoundingSet=",
@@ -135,6 +138,18 @@ def watchdog_interval_s(environ: dict[str, str] | None = None) -> float | None:
         return int(usec) / 2e6
     except ValueError:
         return None
+
+
+# A thread under SCHED_FIFO that runs this long without blocking is a bug (the agent's sampler blocks after
+# every tick's ~100 us): the kernel ends the service (SIGKILL at the hard limit) and systemd restarts it
+# instead of it holding a core.
+REALTIME_RUN_LIMIT = "1s"
+
+
+def _realtime_lines(priority: int) -> list[str]:
+    if priority <= 0:
+        return ["RestrictRealtime=yes"]
+    return ["RestrictRealtime=no", f"LimitRTPRIO={priority}", f"LimitRTTIME={REALTIME_RUN_LIMIT}"]
 
 
 def staging_root(root: Path | None) -> Path | None:

@@ -32,6 +32,10 @@ BUILD_COMMAND = "python -m gpuprobe.nvml.native"  # (or `make sim` in a checkout
 NVML_LIBRARY = "libnvidia-ml.so.1"  # the library pynvml loaded: the C side binds the same one
 ABI = 2  # sampler.c's GS_ABI
 NOT_READ = -1  # a call's status on a tick it was not made (off its period, GPU skipped, disabled)
+# The SCHED_FIFO priority the sampler's thread asks for: the lowest, so every other real-time task comes
+# first. A process gets it with CAP_SYS_NICE or with an RLIMIT_RTPRIO at least this high, which the installed
+# unit gives without a capability (LimitRTPRIO=, gpuprobe.agent.install).
+REALTIME_PRIORITY = 1
 
 LIBRARY = CLibrary(
     what="the native GPU sampler",
@@ -96,7 +100,7 @@ class Stats:
     missed_ticks: int  # ticks skipped because the previous one overran by more than half an interval
     running: bool
     error: int  # the errno that stopped the thread (its clock_nanosleep failed); 0 while it runs
-    realtime: bool  # the thread runs under SCHED_FIFO (asked for, and the process may: CAP_SYS_NICE)
+    realtime: bool  # the thread runs under SCHED_FIFO (asked for, and the process may: REALTIME_PRIORITY)
 
 
 class _GsGpu(ctypes.Structure):
@@ -201,7 +205,7 @@ class NativeSampler:
         """Start the thread: tick n (from ``first_tick``) at ``t0_mono_ns + n * interval_ns`` (CLOCK_MONOTONIC, as
         ``time.monotonic_ns``); a GPU whose call answers one of ``stop_codes`` is skipped for
         ``retry_ticks`` ticks; ``capacity`` records in the ring; ``realtime``: the thread asks for SCHED_FIFO at
-        the lowest priority (granted with CAP_SYS_NICE; :attr:`Stats.realtime` says whether it was)."""
+        :data:`REALTIME_PRIORITY` (:attr:`Stats.realtime` says whether it was granted)."""
         calls = [c for g in gpus for c in g.calls]
         gs_gpus = (_GsGpu * max(1, len(gpus)))()
         first = 0
@@ -231,7 +235,7 @@ class NativeSampler:
             retry_ticks,
             capacity,
             first_tick,
-            int(realtime),
+            REALTIME_PRIORITY if realtime else 0,
         )
         if rc != 0:
             raise NativeSamplerError(f"the native GPU sampler did not start: {_START_ERRORS.get(rc, rc)}")

@@ -16,6 +16,7 @@ import pytest
 from agent_helpers import AgentFactory, Receiver, machine
 from support import clean_env, gpuprobe_command
 
+from gpuprobe.nvml.native import REALTIME_PRIORITY
 from gpuprobe.systemd import staging_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,8 +51,16 @@ def test_install_writes_a_hardened_unit_that_systemd_analyze_accepts(tmp_path: P
         # after NVIDIA's driver services where there are some (NVML answers at boot), without wanting them
         "After=network-online.target nvidia-persistenced.service nvidia-fabricmanager.service",
         "Wants=network-online.target",
+        # the native sampler's SCHED_FIFO at its priority, by a resource limit and no capability (sched(7):
+        # RLIMIT_RTPRIO lets an unprivileged thread ask for that much), bounded by LimitRTTIME
+        "RestrictRealtime=no",
+        f"LimitRTPRIO={REALTIME_PRIORITY}",
+        "LimitRTTIME=1s",
+        "CapabilityBoundingSet=",
+        "AmbientCapabilities=",
     ]:
         assert line in text.splitlines(), f"{line} missing from the unit"
+    assert "RestrictRealtime=yes" not in text
     exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
     assert exec_start.endswith("--config /etc/gpuprobe/agent.toml agent")
     assert sysusers.read_text().startswith("u gpuprobe ")

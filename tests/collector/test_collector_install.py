@@ -44,9 +44,11 @@ def test_install_collector_writes_a_hardened_unit_that_systemd_analyze_verify_ac
         "ProtectSystem=strict",
         "NoNewPrivileges=yes",
         "CapabilityBoundingSet=",
+        "RestrictRealtime=yes",  # only the agent's sampler may ask for real-time scheduling
         "EnvironmentFile=-/etc/gpuprobe/collector.env",
     ]:
         assert expected in lines, f"{expected} missing from the unit"
+    assert not any(line.startswith("LimitRT") for line in lines)
     exec_start = next(line for line in lines if line.startswith("ExecStart="))
     assert exec_start.endswith("--config /etc/gpuprobe/collector.toml collector")
     assert "systemctl enable --now gpuprobe-collector" in done.stdout

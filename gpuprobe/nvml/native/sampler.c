@@ -126,7 +126,7 @@ static struct {
     uint64_t *skip_until; /* per GPU: the first tick it is read again after a stop code */
     int64_t t0_ns, interval_ns;
     uint64_t first_tick;
-    int want_realtime;
+    int rt_priority; /* the SCHED_FIFO priority gs_start asked for; 0: normal scheduling */
     /* the ring */
     unsigned char *ring, *scratch;
     size_t record_size;
@@ -326,11 +326,11 @@ static void publish(void) {
 
 static void *run(void *unused) {
     (void)unused;
-    if (S.want_realtime) {
-        /* the lowest real-time priority: its ~100 us a tick wake on time even with every core busy, and any
-         * other real-time task (and the kernel's RT throttling) still comes first. Without CAP_SYS_NICE the
-         * call fails and the thread stays a normal one. */
-        struct sched_param sp = {.sched_priority = 1};
+    if (S.rt_priority > 0) {
+        /* a low real-time priority: its ~100 us a tick wake on time even with every core busy, and any
+         * other real-time task (and the kernel's RT throttling) still comes first. Without CAP_SYS_NICE or an
+         * RLIMIT_RTPRIO that high the call fails and the thread stays a normal one. */
+        struct sched_param sp = {.sched_priority = S.rt_priority};
         int ok = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0;
         pthread_mutex_lock(&S.lock);
         S.stats.realtime = ok;
@@ -384,12 +384,13 @@ static void free_plan(void) {
     S.ring = S.scratch = NULL;
 }
 
-/* Starts the thread on the grid t0_mono_ns + n * interval_ns, n from first_tick, with a copy of the plan. 0, or: -1 not opened,
+/* Starts the thread on the grid t0_mono_ns + n * interval_ns, n from first_tick, with a copy of the plan, under SCHED_FIFO at
+ * rt_priority where the process may (0: normal scheduling). 0, or: -1 not opened,
  * -2 already running, -3 a call's NVML function is missing or its kind unknown, -4 no memory or no thread,
  * -5 a bad argument. */
 EXPORT int gs_start(const gs_gpu *gpus, uint32_t ngpus, const gs_call *calls, uint32_t ncalls, const int *stop_codes,
                     uint32_t nstop, int64_t t0_mono_ns, int64_t interval_ns, uint32_t retry_ticks, uint32_t capacity,
-                    uint64_t first_tick, int realtime) {
+                    uint64_t first_tick, int rt_priority) {
     if (!S.lib) return -1;
     if (S.running) return -2;
     if (interval_ns <= 0 || capacity == 0 || nstop > GS_MAX_STOP || retry_ticks == 0) return -5;
@@ -423,7 +424,7 @@ EXPORT int gs_start(const gs_gpu *gpus, uint32_t ngpus, const gs_call *calls, ui
     S.t0_ns = t0_mono_ns;
     S.interval_ns = interval_ns;
     S.first_tick = first_tick;
-    S.want_realtime = realtime;
+    S.rt_priority = rt_priority;
     S.capacity = capacity;
     S.write_seq = S.read_seq = 0;
     memset(&S.stats, 0, sizeof S.stats);
