@@ -75,8 +75,12 @@ def test_every_sample_of_8_gpus_at_10hz_for_60s_arrives_with_the_values_nvml_ret
 
     batches = unique_batches(receiver.batches())
     by_gpu = assert_no_loss_no_duplicates(batches, 0.1, 8)
+    # 10 Hz by the samples' own clock (the agent also samples while it starts and stops, for as long as
+    # a busy machine makes that take, so a count over the test's minute would not be the rate)
     for gpu, times in by_gpu.items():
-        assert 560 <= len(times) <= 620, f"GPU {gpu}: {len(times)} samples in 60 s at 10 Hz"
+        span_s = (times[-1] - times[0]) / 1e9
+        assert span_s >= 59.0, f"GPU {gpu}: its samples span {span_s:.1f} s of the 60 s run"
+        assert 0.98 * span_s * 10 <= len(times) <= round(span_s * 10) + 1, f"GPU {gpu}: {len(times)} in {span_s:.1f} s"
     taken = int(agent.wait_for_log(r"stopped: (\d+) samples taken").group(1))
     total = sum(batch_samples(b) for b in batches.values())
     assert total == taken, "every sample the agent took arrived"
@@ -127,8 +131,11 @@ def test_every_sample_of_8_gpus_at_10hz_for_60s_arrives_with_the_values_nvml_ret
             assert s.HasField("fan_pct") == fan_cooled
             assert s.HasField("mem_temp_c") == (not fan_cooled)
             assert s.HasField("power_instant_w") and s.HasField("energy_j") and s.HasField("power_w")
-    pcie = [s for b in batches.values() for s in b.gpu_samples if s.HasField("pcie_rx_bytes_per_s")]
-    assert 8 * 55 <= len(pcie) <= 8 * 62, "PCIe throughput once per second per GPU"
+    pcie = Counter(s.gpu_index for b in batches.values() for s in b.gpu_samples if s.HasField("pcie_rx_bytes_per_s"))
+    for gpu, times in by_gpu.items():
+        # one tick in ten (a missed tick may be one of them)
+        expected = len(times) / 10
+        assert expected - 2 <= pcie[gpu] <= expected + 1, f"GPU {gpu}: PCIe {pcie[gpu]} times in {len(times)} ticks"
     # the load steps are in the data
     assert max(s.power_w for b in batches.values() for s in b.gpu_samples if s.gpu_index == 0) == 700.0
     assert any(s.clock_event_reasons & 0x4 for b in batches.values() for s in b.gpu_samples), "SW power cap seen"
