@@ -9,11 +9,12 @@ cloud, instance type, region: the agent's own) and one NVML reader:
 :class:`AgentGpus` gives the control plane what it reads of the GPUs (power, temperature, the energy
 counter) from the samples the agent's sampling loop takes anyway, instead of opening NVML a second
 time. The GPU sensor itself is used by the sampling thread only (its read buffers are not shared),
-so the adapter reads :attr:`Sampler.latest`, which that thread replaces (never changes) every tick.
-A probe's result is then computed from the very readings that are stored in InfluxDB, at the
-agent's ``--interval``. The GPUs' health is the sampler's own verdict, :attr:`Sampler.health`
-(``{index: (GpuHealth, reason)}``, likewise replaced, never changed, at once on an NVML event such as
-XID 79): the control plane republishes the presence when it changes and refuses probes on failed GPUs.
+so the adapter reads :attr:`Sampler.recent` (the last two drains' ticks), which that thread replaces
+(never changes) once a second. A probe's result is then computed from the very readings that are
+stored in InfluxDB, every tick at the agent's ``--interval``. The GPUs' health is the sampler's own
+verdict, :attr:`Sampler.health` (``{index: (GpuHealth, reason)}``, likewise replaced, never changed,
+at once on an NVML event such as XID 79): the control plane republishes the presence when it changes
+and refuses probes on failed GPUs.
 
 This module imports the control plane (MQTT, cryptography) when it is imported: the agent imports
 it only with ``--broker``.
@@ -57,6 +58,18 @@ class AgentGpus:
                 return Reading.from_sample(sample)
         # not sampled on the last tick (lost, or sampling has not started): nothing known
         return Reading.unknown()
+
+    def read_since(self, index: int, after_ns: int) -> list[Reading]:
+        ticks = self._sampler.recent
+        found = [
+            Reading.from_sample(s)
+            for samples in ticks
+            for s in samples
+            if s["gpu_index"] == index and s["time_unix_ns"] > after_ns
+        ]
+        if not found and ticks and all(s["gpu_index"] != index for s in ticks[-1]):
+            return [Reading.unknown()]  # not on the newest tick (lost): nothing known, as read() says
+        return found
 
     def health(self) -> GpuHealthMap:
         """The sampler's verdicts, the very object it holds (it replaces it on a change); empty while unknown."""

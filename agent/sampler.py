@@ -112,6 +112,10 @@ class Sampler:
         # the newest tick's GPU samples, at most a second old (replaced, never changed, so other threads may
         # read it: the embedded control plane reads power, temperature and energy from it, gpuprobe.agent.fleet)
         self.latest: list[dict[str, Any]] = []
+        # the GPU samples of the last two drains' ticks, oldest first (replaced, never changed): every tick
+        # of a probe's window for the embedded control plane, which polls more often than the drains come
+        self.recent: tuple[list[dict[str, Any]], ...] = ()
+        self._last_drain: tuple[list[dict[str, Any]], ...] = ()
         #: GPU index -> its last samples that carried PCIe and health fields (read less often than the
         #: others), for the Prometheus page (gpuprobe.agent.prometheus); kept only after
         #: :meth:`keep_slow_fields`. Entries are replaced, never changed (other threads read them).
@@ -254,6 +258,8 @@ class Sampler:
             self._taken += len(samples)
             self.ticks += 1
         if ticks:
+            drained = tuple(samples for _, samples in ticks)
+            self.recent, self._last_drain = (*self._last_drain, *drained), drained
             self.latest = ticks[-1][1]
         return self.latest
 

@@ -91,6 +91,11 @@ class GpuReader(Protocol):
 
     def read(self, index: int) -> Reading: ...
 
+    def read_since(self, index: int, after_ns: int) -> list[Reading]:
+        """Every reading of GPU ``index`` newer than ``after_ns`` the reader still holds, oldest first (one
+        that reads on demand: a new reading); a lost GPU's is :meth:`Reading.unknown`."""
+        ...
+
     def health(self) -> GpuHealthMap:
         """Each GPU's health; the same object while nothing changes (never mutated); empty when unknown."""
         ...
@@ -128,6 +133,10 @@ class SensorGpus:
             sample = self._sensor.read_gpu(index)
         self._answered(index, sample is not None)
         return Reading.from_sample(sample) if sample is not None else Reading.unknown()
+
+    def read_since(self, index: int, after_ns: int) -> list[Reading]:
+        reading = self.read(index)
+        return [reading] if reading.time_unix_ns > after_ns else []
 
     def health(self) -> GpuHealthMap:
         """From the reads alone: a GPU that answers no read (lost) is failed, the others healthy.
@@ -176,11 +185,8 @@ class Sampler:
 
     def sample_once(self) -> None:
         for i in self.indices:
-            reading = self.gpus.read(i)
             kept = self.readings[i]
-            if kept and kept[-1].time_unix_ns == reading.time_unix_ns:
-                continue  # a reader that returns its latest sample: the same one again
-            kept.append(reading)
+            kept.extend(self.gpus.read_since(i, kept[-1].time_unix_ns if kept else 0))
 
     def _loop(self) -> None:
         next_t = time.monotonic()
