@@ -297,6 +297,22 @@ def result_dict(r: control_pb2.ProbeResult) -> dict[str, Any]:
         "gpus": [metrics_dict(g) for g in r.gpus],
         "device": r.device,
         "simulated": is_simulated(r.device),
+        "points": [point_dict(p) for p in r.points],
+    }
+
+
+def point_dict(p: control_pb2.PointResult) -> dict[str, Any]:
+    """One study point's result on one node (``probe results --json`` of a study)."""
+    return {
+        "index": p.index,
+        "workload": p.workload,
+        "batch_size": p.batch_size,
+        "power_limit": p.power_limit,
+        "refused": p.refused,
+        "device": p.device,
+        "simulated": is_simulated(p.device),
+        "total": metrics_dict(p.total),
+        "gpus": [metrics_dict(g) for g in p.gpus],
     }
 
 

@@ -166,6 +166,7 @@ def test_a_study_recovers_the_simulators_ground_truth(
     data = json.loads(numbers.read_text())
     assert data["simulated"] is True and html.exists()
     check_measurements(data)
+    check_probe_results_agree(results, data)
     check_groups(data)
     check_refusals(data)
 
@@ -192,6 +193,25 @@ def check_measurements(data: dict[str, Any]) -> None:
         assert m["samples_per_s"] == pytest.approx(gt.samples_per_s, rel=0.02), where
         assert m["samples_per_j"] == pytest.approx(gt.samples_per_j, rel=0.03), where
         assert m["gpu_model"] == _host_profile_model(m["host"])
+
+
+def check_probe_results_agree(results: dict[str, dict[str, Any]], data: dict[str, Any]) -> None:
+    """Each GPU's J/sample at each point is the same to 4 significant digits in ``probe results`` (the
+    agent's own readings, the trainer's count) and in ``study report`` (the same samples read back from
+    InfluxDB, the trainer's reported rate): one energy formula over the same window."""
+    reported = {(m["host"], str(m["gpu"]), m["point"]): m for m in data["measurements"] if m["j_per_sample"]}
+    compared = set()
+    for host, result in results.items():
+        for point in result["points"]:
+            for g in point.get("gpus", []):
+                if g.get("j_per_sample") is None:
+                    continue
+                key = (host, str(g["gpu_index"]), point.get("index", 0))
+                assert key in reported, (key, sorted(reported))
+                where = f"{host} GPU {key[1]} point {key[2]}"
+                assert reported[key]["j_per_sample"] == pytest.approx(g["j_per_sample"], rel=2e-4), (where, g)
+                compared.add(key)
+    assert compared == set(reported), sorted(set(reported) - compared)
 
 
 def _key(group: dict[str, Any]) -> tuple[str, str, int, str]:
