@@ -28,7 +28,7 @@ from typing import Any
 from gpuprobe.config import Option, parse_duration, parse_whole_seconds
 from gpuprobe.control.mqtt import MQTT_OPTIONS
 from gpuprobe.control.settings import ALLOW_POWER_LIMITS, TRUSTED_KEYS
-from gpuprobe.nvml.native import REALTIME_PRIORITY
+from gpuprobe.nvml import REALTIME_PRIORITY
 from gpuprobe.systemd import (
     UnitSpec,
     default_executable,

@@ -48,7 +48,8 @@ from gpuprobe.agent.sensors.host import HostSensor
 from gpuprobe.agent.sensors.processes import ProcessTracker
 from gpuprobe.agent.sensors.proxy import AcousticProxy
 from gpuprobe.agent.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
-from gpuprobe.nvml.native import REALTIME_PRIORITY, NativeSampler
+from gpuprobe.nvml import REALTIME_PRIORITY
+from gpuprobe.nvml.native import NativeSampler
 from gpuprobe.nvml.sensor import GpuSensor
 from gpuprobe.v1 import telemetry_pb2
 

@@ -154,6 +154,9 @@ def parse_line(line: bytes, now_ns: int) -> Message:
             number = _integer(obj, key, MAX_UINT32)
             if number is not None:
                 setattr(event, attr, number)
+        steady_samples = _integer(obj, "steady_samples", MAX_UINT64)
+        if steady_samples is not None:
+            event.steady_samples = steady_samples
         for key in ("power_limit_w", "temp_slowdown_c"):
             value = _number(obj, key)
             if value is not None:

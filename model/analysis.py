@@ -271,7 +271,8 @@ def _analyze_gpu(ds: Dataset, wide: GpuSeries, s: ModelSettings, fit: ThermalFit
     power, _ = g.power()
     reasons_f = g.field("clock_event_reasons")
     reasons = np.where(np.isfinite(reasons_f), reasons_f, 0).astype(np.int64)
-    steady = w.intervals(g.host, "steady") or _load_window(g, power)
+    # the GPU's own trainer's steady phases (as probe results and study report take them)
+    steady = w.gpu_intervals(g.host, g.gpu, "steady") or _load_window(g, power)
     idle = w.intervals(g.host, "idle")
     if not idle and g.has("util_pct"):
         idle = _intervals_where(g.t_ns, g.field("util_pct") == 0)
@@ -298,6 +299,7 @@ def _analyze_gpu(ds: Dataset, wide: GpuSeries, s: ModelSettings, fit: ThermalFit
         steady=steady,
         idle=idle,
         samples_per_s=float(np.mean(rates)) if rates else None,
+        steady_samples=w.steady_samples.get((g.host, g.gpu)),
         pue=s.pue,
         grid_kg_per_kwh=s.grid_kg_per_kwh,
         price_per_gpu_hour=s.price_per_gpu_hour,
@@ -358,10 +360,10 @@ def _analyze_node(ds: Dataset, host: str, gpus: list[GpuResult], s: ModelSetting
     rates = [e.samples_per_s for e in effs]
     steady_j = _sum([e.steady_energy_j for e in effs])
     samples_per_s = _sum(rates)
-    steady_s = max((e.steady_s for e in effs), default=0.0)
+    samples = _sum([e.steady_samples for e in effs])
     samples_per_j = j_per_sample = None
-    if samples_per_s and steady_j and steady_s > 0:
-        samples_per_j = samples_per_s * steady_s / steady_j
+    if samples and steady_j:
+        samples_per_j = samples / steady_j
         j_per_sample = 1 / samples_per_j
     headrooms = [g.headroom_c for g in gpus if g.headroom_c is not None]
     predicted = [g.t_pred_at_limit_c for g in gpus if g.t_pred_at_limit_c is not None]
@@ -470,9 +472,7 @@ def analyze(ds: Dataset, s: ModelSettings, progress: Progress | None = None) -> 
     probe_j = float(sum(n.probe_energy_j for n in nodes))
     kwh = probe_j / J_PER_KWH * s.pue
     gpu_hours = len(gpus) * w.duration_s / 3600
-    total_samples = sum(
-        (g.efficiency.samples_per_s or 0) * g.efficiency.steady_s for g in gpus if g.efficiency.samples_per_j
-    )
+    total_samples = sum(g.efficiency.steady_samples or 0 for g in gpus if g.efficiency.samples_per_j)
     total_steady_j = sum(g.efficiency.steady_energy_j or 0 for g in gpus if g.efficiency.samples_per_j)
     fleet = FleetTotals(
         gpus=len(gpus),

@@ -64,9 +64,20 @@ class Window:
     phases: dict[str, list[Phase]] = field(default_factory=dict)
     workload: str | None = None
     status: str | None = None
+    # (host, gpu) -> that GPU's trainer's own phases (its events: each trainer stamps its own, a few ms
+    # apart from the others'), and the samples its steady phases processed (their ending events' count)
+    gpu_phases: dict[tuple[str, str], list[Phase]] = field(default_factory=dict)
+    steady_samples: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def intervals(self, host: str, name: str) -> list[tuple[int, int]]:
         return [(p.start_ns, p.end_ns) for p in self.phases.get(host, []) if p.name == name]
+
+    def gpu_intervals(self, host: str, gpu: str, name: str) -> list[tuple[int, int]]:
+        """The GPU's own phase ``name`` where its trainer's events say, else the host's."""
+        own = self.gpu_phases.get((host, gpu))
+        if not own:
+            return self.intervals(host, name)
+        return [(p.start_ns, p.end_ns) for p in own if p.name == name]
 
     @property
     def duration_s(self) -> float:
@@ -228,18 +239,35 @@ def find_probe(
     sources = event_sources(client) if sources is None else sources
     where = f'"probe" = {quote_string(probe)}' + _host_filter(hosts)
     answer = query_events(
-        client, '"phase", "kind", "status", "workload"', "probe", f'WHERE {where} GROUP BY "host"', sources
+        client,
+        '"phase", "kind", "status", "workload", "gpu", "steady_samples"',
+        "probe",
+        f'WHERE {where} GROUP BY "host"',
+        sources,
     )
     per_host: dict[str, list[tuple[int, str]]] = {}
+    per_gpu: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    counts: dict[tuple[str, str], list[int]] = {}
     workload = status = None
     times: list[int] = []
     for s in answer:
         host = s.tags.get("host", "")
-        for t, phase, _kind, st, wl in zip(
-            s.column("time"), s.column("phase"), s.column("kind"), s.column("status"), s.column("workload"), strict=True
+        for t, phase, st, wl, gpu, count in zip(
+            s.column("time"),
+            s.column("phase"),
+            s.column("status"),
+            s.column("workload"),
+            s.column("gpu"),
+            s.column("steady_samples"),
+            strict=True,
         ):
             times.append(int(t))
             per_host.setdefault(host, []).append((int(t), str(phase or "")))
+            if gpu is not None and gpu != "":
+                key = (host, str(gpu))
+                per_gpu.setdefault(key, []).append((int(t), str(phase or "")))
+                if isinstance(count, int | float) and not isinstance(count, bool):
+                    counts.setdefault(key, []).append(int(count))
             workload = workload or wl
             status = st or status
     source = "probe"
@@ -264,6 +292,14 @@ def find_probe(
     trainer_end = query_events(client, 'last("step")', "trainer", f"WHERE {where}", sources)
     for s in trainer_end:
         end = max([end, *(int(t) for t in s.column("time"))])
+    gpu_phases = {key: _phases_from_points(points, end) for key, points in per_gpu.items()}
+    # a GPU's count only where every steady phase of it has one (an older trainer sends none, a failed
+    # run's last steady phase ends without an event): a partial sum would divide all the energy by part
+    steady_samples = {
+        key: sum(found)
+        for key, found in counts.items()
+        if len(found) == sum(p.name == "steady" for p in gpu_phases.get(key, []))
+    }
     phases: dict[str, list[Phase]] = {}
     for host, points in per_host.items():
         if source == "trainer":
@@ -279,6 +315,8 @@ def find_probe(
         phases=phases,
         workload=str(workload) if workload else None,
         status=str(status) if status else None,
+        gpu_phases=gpu_phases,
+        steady_samples=steady_samples,
     )
 
 

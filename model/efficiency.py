@@ -7,7 +7,9 @@ the window's edges; ``∫P dt`` without a counter), the same formula as ``probe 
 Derived (docs/models.md, "Efficiency"; kWh and CO2e as in Patterson et al. 2021, "Carbon Emissions
 and Large Neural Network Training", arXiv 2104.10350)::
 
-    samples/J   = samples/s ÷ mean W = samples ÷ E_steady        J/sample = E_steady ÷ samples
+    samples/J   = samples ÷ E_steady                              J/sample = E_steady ÷ samples
+    samples     = the trainer's count of its steady phases (their ending events' ``steady_samples``),
+                  else samples/s · steady time (older data)
     kWh         = E_J ÷ 3.6e6 · PUE                              kg CO2e  = kWh · grid kg/kWh
     GPU-hours   = GPUs · probe duration ÷ 3600 s                 cost     = GPU-hours · price
 """
@@ -43,6 +45,7 @@ class GpuEfficiency:
     mean_power_w: float | None
     peak_power_w: float | None
     steady_energy_j: float | None
+    steady_samples: float | None  # the trainer's count, else samples/s · steady time; None without either
     j_per_sample: float | None
     samples_per_j: float | None
     idle_power_w: float | None
@@ -71,6 +74,7 @@ def gpu_efficiency(
     idle: Sequence[tuple[int, int]],
     samples_per_s: float | None,
     pue: float,
+    steady_samples: int | None = None,
     grid_kg_per_kwh: float,
     price_per_gpu_hour: float | None,
 ) -> GpuEfficiency:
@@ -88,8 +92,12 @@ def gpu_efficiency(
     idle_mask = mask_of(t_ns, idle) & np.isfinite(power_w)
     idle_w = float(np.mean(power_w[idle_mask])) if np.any(idle_mask) else None
     j_per_sample = samples_per_j = None
-    if samples_per_s and steady_j and steady_s > 0:
+    samples: float | None = None
+    if steady_samples:
+        samples = float(steady_samples)
+    elif samples_per_s and steady_s > 0:
         samples = samples_per_s * steady_s
+    if samples and steady_j:
         j_per_sample, samples_per_j = steady_j / samples, samples / steady_j
     kwh = probe_j / J_PER_KWH * pue if math.isfinite(probe_j) else math.nan
     gpu_hours = (window[1] - window[0]) / 1e9 / 3600
@@ -99,6 +107,7 @@ def gpu_efficiency(
         mean_power_w=mean_w,
         peak_power_w=peak_w,
         steady_energy_j=steady_j,
+        steady_samples=samples,
         j_per_sample=j_per_sample,
         samples_per_j=samples_per_j,
         idle_power_w=idle_w,

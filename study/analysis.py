@@ -57,6 +57,7 @@ class Event:
     power_limit: str = ""  # the requested limit's label ("60%", "250W"); "" = left as is
     power_limit_w: float | None = None  # the limit the agent set
     temp_slowdown_c: float | None = None
+    steady_samples: int | None = None  # on the event that ends a steady phase: the samples it processed
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Window:
     end_ns: int
     closed: bool
     event: Event
+    samples: int | None = None  # the trainer's count of the window (its ending event's steady_samples)
 
     @property
     def duration_s(self) -> float:
@@ -102,7 +104,9 @@ def steady_windows(
                 continue
             nxt = next((n for n in ordered[i + 1 :] if n.t_ns >= e.t_ns and _ends_window(n, e.gpu)), None)
             if nxt is not None:
-                windows.append(Window(host, e.gpu, e.point, e.t_ns, nxt.t_ns, True, e))
+                # the count is the GPU's own trainer's (a node-wide end carries none)
+                samples = nxt.steady_samples if nxt.gpu == e.gpu else None
+                windows.append(Window(host, e.gpu, e.point, e.t_ns, nxt.t_ns, True, e, samples))
                 continue
             end = (open_ends or {}).get((host, e.gpu, e.point))
             if end is not None and end > e.t_ns:
@@ -237,6 +241,7 @@ class Measurement:
     slowdown_c: float | None  # the GPU's slowdown threshold (probe event), None when unknown
     est_dba: float | None  # mean proxy level of the GPU over the window (an estimate)
     stats: WindowStats
+    steady_samples: int | None = None  # the trainer's count of the window (None: an older trainer's data)
     simulated: bool = field(init=False)
     samples_per_j: float | None = field(init=False)
     j_per_sample: float | None = field(init=False)
@@ -245,9 +250,13 @@ class Measurement:
 
     def __post_init__(self) -> None:
         self.simulated = "sim" in self.devices
-        power = self.stats.mean_power_w
+        power, energy = self.stats.mean_power_w, self.stats.energy_j
         self.samples_per_j = self.j_per_sample = None
-        if self.samples_per_s and power and power > 0:
+        if self.steady_samples and energy and energy > 0:
+            # the window's energy over the trainer's count (as probe results divides them)
+            self.samples_per_j = self.steady_samples / energy
+            self.j_per_sample = energy / self.steady_samples
+        elif self.samples_per_s and power and power > 0:
             self.samples_per_j = self.samples_per_s / power
             self.j_per_sample = power / self.samples_per_s
         self.headroom_c = headroom_c(self.slowdown_c, self.stats.steady_temp_c)

@@ -66,6 +66,7 @@ EVENT_FIELDS = (
     "power_limit",
     "power_limit_w",
     "temp_slowdown_c",
+    "steady_samples",
 )
 NODE_TAGS = ("instance_type", "region", "virt", "cloud", "cluster")
 GPU_FIELDS = ("power_w", "energy_j", "temp_c", "power_limit_w", "sm_clock_mhz")
@@ -160,6 +161,7 @@ def read_events(
                     power_limit=_text(row.get("power_limit")),
                     power_limit_w=_float(row.get("power_limit_w")),
                     temp_slowdown_c=_float(row.get("temp_slowdown_c")),
+                    steady_samples=_int(row.get("steady_samples")),
                 )
             )
     if not events:
@@ -374,6 +376,7 @@ def load_study(
                 end_ns=w.end_ns,
                 window_closed=w.closed,
                 samples_per_s=rate.samples_per_s if rate else None,
+                steady_samples=w.samples,
                 trainer_reports=rate.reports if rate else 0,
                 devices=rate.devices if rate else [],
                 requested_limit_w=e.power_limit_w,

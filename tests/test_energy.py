@@ -4,16 +4,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
 from gpuprobe.control.gpus import Reading
-from gpuprobe.control.probe import _mean_power
+from gpuprobe.control.probe import _mean_power, _metrics
 from gpuprobe.energy import window_energy
 from gpuprobe.model.efficiency import gpu_efficiency
-from gpuprobe.study.analysis import window_stats
+from gpuprobe.study.analysis import Measurement, window_stats
 
 S = 1_000_000_000
 POWER_W = 300.0
@@ -76,3 +77,51 @@ def test_without_readings_at_both_ends_the_energy_is_the_mean_power_reading_time
     result = window_energy(t_ns, energy_j, power_w, 0, 20 * S)
     assert result.source == "power_w" and result.energy_j == pytest.approx(POWER_W * 20)
     assert window_energy(t_ns[:0], energy_j[:0], power_w[:0], 0, S).source == "none"
+
+
+def test_j_per_sample_divides_by_the_trainers_count_in_all_three() -> None:
+    """On a real GPU the throughput varies, so the mean of the trainer's reported rates times the window is
+    not the count it processed: `probe results`, `gpuprobe model` and `study report` all divide the window's
+    energy by the count (the trainer's result, the `steady_samples` of the event ending the phase)."""
+    t_ns, energy_j, power_w = samples(None)
+    start_ns, end_ns = 5 * S, 25 * S
+    energy = POWER_W * 20
+    count = 1900  # the reports' mean rate (100/s) over the 20 s says 2000
+    readings = [Reading(int(t), float(p), 60.0, float(e)) for t, e, p in zip(t_ns, energy_j, power_w, strict=True)]
+    point = {"samples": count, "samples_per_s": 95.0, "steady_start_unix_ns": start_ns, "steady_end_unix_ns": end_ns}
+    probe = _metrics(point, [], readings)
+    model = gpu_efficiency(
+        t_ns,
+        power_w,
+        power_w,
+        energy_j,
+        window=(0, 30 * S),
+        steady=[(start_ns, end_ns)],
+        idle=[],
+        samples_per_s=100.0,
+        steady_samples=count,
+        pue=1.0,
+        grid_kg_per_kwh=0.0,
+        price_per_gpu_hour=None,
+    )
+    stats = window_stats(
+        t_ns,
+        start_ns,
+        end_ns,
+        power_w=power_w,
+        energy_j=energy_j,
+        temp_c=np.full(len(t_ns), 60.0),
+        power_limit_w=np.full(len(t_ns), 700.0),
+        sm_clock_mhz=np.full(len(t_ns), 1980.0),
+    )
+    study = Measurement(
+        host="a", gpu="0", gpu_model="H100", point=0, workload="resnet50", batch_size=64, power_limit="",
+        instance_type="p5", virt="bare_metal", region="r1", start_ns=start_ns, end_ns=end_ns, window_closed=True,
+        samples_per_s=100.0, trainer_reports=20, devices=["cuda"], requested_limit_w=None, slowdown_c=None,
+        est_dba=None, stats=stats, steady_samples=count,
+    )  # fmt: skip
+    assert probe.j_per_sample == model.j_per_sample == study.j_per_sample == pytest.approx(energy / count)
+    assert model.samples_per_j == study.samples_per_j == pytest.approx(count / energy)
+    # without a count (an older trainer's data) the rate stands in
+    older = dataclasses.replace(study, steady_samples=None)
+    assert older.j_per_sample == pytest.approx(POWER_W / 100.0)

@@ -92,11 +92,13 @@ def probe_event_line(
     message: str = "",
     gpu: int | None = None,
     study: dict[str, Any] | None = None,
+    steady_samples: int | None = None,
 ) -> dict[str, Any]:
     """One ``probe_event`` message: ``kind`` is start, phase_change, end or point_refused.
 
     ``study`` holds a study point's keys (``point``, ``batch_size``, ``power_limit``,
-    ``power_limit_w``, ``temp_slowdown_c``); absent values are left out."""
+    ``power_limit_w``, ``temp_slowdown_c``); absent values are left out. ``steady_samples``: on the
+    event that ends a steady phase, the samples processed in it."""
     line: dict[str, Any] = {
         "type": "probe_event",
         "time_unix_ns": time_unix_ns,
@@ -109,6 +111,8 @@ def probe_event_line(
     }
     if gpu is not None:
         line["gpu"] = gpu
+    if steady_samples is not None:
+        line["steady_samples"] = steady_samples
     for key, value in (study or {}).items():
         if value is not None and value != "":
             line[key] = value

@@ -278,6 +278,7 @@ class Run:
         self.emit(event)
         if self.config.probe_id and phase != "done":
             kind = "start" if previous == "pending" else "phase_change"
+            ended = self._steady_point if previous == "steady" else None
             self._send_agent(
                 probe_event_line(
                     probe=self.config.probe_id,
@@ -288,6 +289,8 @@ class Run:
                     time_unix_ns=t_ns,
                     gpu=self.placement.gpu_index if self.placement else None,
                     study=self._study_fields(phase),
+                    # the steady phase that ends here: its count, as the result's point has it (round)
+                    steady_samples=round(ended.samples) if ended is not None else None,
                 )
             )
         self._window = _Window(t_ns)

@@ -22,6 +22,7 @@ from enum import IntEnum
 from pathlib import Path
 
 from gpuprobe.cbuild import CLibrary
+from gpuprobe.nvml import REALTIME_PRIORITY
 from gpuprobe.nvml.errors import NativeSamplerError
 
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
@@ -32,10 +33,6 @@ BUILD_COMMAND = "python -m gpuprobe.nvml.native"  # (or `make sim` in a checkout
 NVML_LIBRARY = "libnvidia-ml.so.1"  # the library pynvml loaded: the C side binds the same one
 ABI = 2  # sampler.c's GS_ABI
 NOT_READ = -1  # a call's status on a tick it was not made (off its period, GPU skipped, disabled)
-# The SCHED_FIFO priority the sampler's thread asks for: the lowest, so every other real-time task comes
-# first. A process gets it with CAP_SYS_NICE or with an RLIMIT_RTPRIO at least this high, which the installed
-# unit gives without a capability (LimitRTPRIO=, gpuprobe.agent.install).
-REALTIME_PRIORITY = 1
 
 LIBRARY = CLibrary(
     what="the native GPU sampler",

@@ -471,7 +471,7 @@ class TrainerSample(_message.Message):
     def __init__(self, time_unix_ns: _Optional[int] = ..., probe_id: _Optional[str] = ..., workload: _Optional[str] = ..., gpu_index: _Optional[int] = ..., step: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., batch_size: _Optional[int] = ..., phase: _Optional[_Union[_common_pb2.ProbePhase, str]] = ..., device: _Optional[_Union[TrainerDevice, str]] = ..., point: _Optional[int] = ...) -> None: ...
 
 class ProbeEvent(_message.Message):
-    __slots__ = ("time_unix_ns", "probe_id", "workload", "kind", "phase", "status", "message", "gpu_index", "point", "batch_size", "power_limit", "power_limit_w", "temp_slowdown_c")
+    __slots__ = ("time_unix_ns", "probe_id", "workload", "kind", "phase", "status", "message", "gpu_index", "point", "batch_size", "power_limit", "power_limit_w", "temp_slowdown_c", "steady_samples")
     TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     PROBE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -485,6 +485,7 @@ class ProbeEvent(_message.Message):
     POWER_LIMIT_FIELD_NUMBER: _ClassVar[int]
     POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
     TEMP_SLOWDOWN_C_FIELD_NUMBER: _ClassVar[int]
+    STEADY_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     time_unix_ns: int
     probe_id: str
     workload: str
@@ -498,7 +499,8 @@ class ProbeEvent(_message.Message):
     power_limit: str
     power_limit_w: float
     temp_slowdown_c: float
-    def __init__(self, time_unix_ns: _Optional[int] = ..., probe_id: _Optional[str] = ..., workload: _Optional[str] = ..., kind: _Optional[_Union[ProbeEventKind, str]] = ..., phase: _Optional[_Union[_common_pb2.ProbePhase, str]] = ..., status: _Optional[_Union[_common_pb2.ProbeStatus, str]] = ..., message: _Optional[str] = ..., gpu_index: _Optional[int] = ..., point: _Optional[int] = ..., batch_size: _Optional[int] = ..., power_limit: _Optional[str] = ..., power_limit_w: _Optional[float] = ..., temp_slowdown_c: _Optional[float] = ...) -> None: ...
+    steady_samples: int
+    def __init__(self, time_unix_ns: _Optional[int] = ..., probe_id: _Optional[str] = ..., workload: _Optional[str] = ..., kind: _Optional[_Union[ProbeEventKind, str]] = ..., phase: _Optional[_Union[_common_pb2.ProbePhase, str]] = ..., status: _Optional[_Union[_common_pb2.ProbeStatus, str]] = ..., message: _Optional[str] = ..., gpu_index: _Optional[int] = ..., point: _Optional[int] = ..., batch_size: _Optional[int] = ..., power_limit: _Optional[str] = ..., power_limit_w: _Optional[float] = ..., temp_slowdown_c: _Optional[float] = ..., steady_samples: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("durable_seq", "rejections")

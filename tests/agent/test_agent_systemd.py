@@ -16,7 +16,7 @@ import pytest
 from agent_helpers import AgentFactory, Receiver, machine
 from support import clean_env, gpuprobe_command
 
-from gpuprobe.nvml.native import REALTIME_PRIORITY
+from gpuprobe.nvml import REALTIME_PRIORITY
 from gpuprobe.systemd import staging_root
 
 REPO = Path(__file__).resolve().parents[2]
