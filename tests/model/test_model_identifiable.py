@@ -67,7 +67,9 @@ def test_an_idle_gpu_and_a_warm_start_at_one_load_get_no_parameters_a_step_gets_
 
 
 def gpu_result(gpu: str, thermal: ThermalFit) -> GpuResult:
-    efficiency = GpuEfficiency(0.0, None, None, None, None, None, None, None, 0.0, 0.0, "", 0, 0.0, 0.0, 0.0, None)
+    efficiency = GpuEfficiency(
+        0.0, None, None, None, None, None, None, None, None, 0.0, 0.0, "", 0, 0.0, 0.0, 0.0, None
+    )  # fmt: skip
     return GpuResult("h", gpu, "H100", "", 0, thermal, None, 87.0, "", None, None, None, 0.0, 0.0, None, efficiency)
 
 
