@@ -197,8 +197,8 @@ def check_measurements(data: dict[str, Any]) -> None:
 
 def check_probe_results_agree(results: dict[str, dict[str, Any]], data: dict[str, Any]) -> None:
     """Each GPU's J/sample at each point is the same to 4 significant digits in ``probe results`` (the
-    agent's own readings, the trainer's count) and in ``study report`` (the same samples read back from
-    InfluxDB, the trainer's reported rate): one energy formula over the same window."""
+    agent's own readings) and in ``study report`` (the same samples read back from InfluxDB): one energy
+    formula over the same window, divided by the same count of the trainer's."""
     reported = {(m["host"], str(m["gpu"]), m["point"]): m for m in data["measurements"] if m["j_per_sample"]}
     compared = set()
     for host, result in results.items():

@@ -120,9 +120,9 @@ def test_every_profile_recovers_its_thermal_ground_truth_through_the_pipeline(
     assert sorted(by_gpu) == [str(i) for i in range(len(PROFILE_NAMES))]
 
     # the probe's figures (the agent's own readings, every tick) and the model's (the same samples read
-    # back from InfluxDB) come from one energy formula: they agree to 4 significant digits, GPU by GPU (the
-    # windows differ by the milliseconds between the trainer's steady end and its next phase event; one
-    # run: within 2e-5). With the probe reading one tick a second they were 0.26 % apart.
+    # back from InfluxDB) come from one energy formula over each GPU's own steady window, divided by its
+    # trainer's count: they agree to 4 significant digits, GPU by GPU (one run: within 2e-5). With the probe
+    # reading one tick a second they were 0.26 % apart; with the host's window for every GPU, 4.7e-4.
     for g in probe_result["gpus"]:
         efficiency = by_gpu[str(g["gpu_index"])]["efficiency"]
         print(
