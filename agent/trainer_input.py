@@ -150,13 +150,15 @@ def parse_line(line: bytes, now_ns: int) -> Message:
             message=_string(obj, "message", max_chars=4096),
             power_limit=_string(obj, "power_limit", max_chars=64),
         )
-        for key, attr in (("gpu", "gpu_index"), ("point", "point"), ("batch_size", "batch_size")):
-            number = _integer(obj, key, MAX_UINT32)
+        for key, attr, maximum in (
+            ("gpu", "gpu_index", MAX_UINT32),
+            ("point", "point", MAX_UINT32),
+            ("batch_size", "batch_size", MAX_UINT32),
+            ("steady_samples", "steady_samples", MAX_UINT64),
+        ):
+            number = _integer(obj, key, maximum)
             if number is not None:
                 setattr(event, attr, number)
-        steady_samples = _integer(obj, "steady_samples", MAX_UINT64)
-        if steady_samples is not None:
-            event.steady_samples = steady_samples
         for key in ("power_limit_w", "temp_slowdown_c"):
             value = _number(obj, key)
             if value is not None:
