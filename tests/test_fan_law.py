@@ -3,8 +3,8 @@
 ``tests/data/fans/`` keeps the figures with their sources. Each fan's slower speeds are predicted
 from its fastest (only the change of level with speed counts, so each maker's way of measuring
 cancels); the issue's bar is within 3 dB for at least 70 % of the points. The proxy's 50 dB per
-decade misses it on these figures, the exponent they support meets it (docs/models.md, "Acoustic
-model": both figures).
+decade meets it; the server fans support about that slope, the duct fans a much flatter one
+(docs/models.md, "Acoustic model": the table per kind of fan).
 """
 
 from __future__ import annotations
@@ -61,21 +61,29 @@ def fitted_db_per_decade(points: list[Point]) -> float:
     return float(x @ y / (x @ x))
 
 
+def kind(point: Point) -> str:
+    return point.fan.split()[0]  # the maker: San Ace (server), Noctua (PC), Manrose (duct)
+
+
 def test_the_published_fans_the_law_is_held_against() -> None:
     points, left_out = slower_points()
     assert left_out == ["Manrose MixFlo MF200"]
-    assert len(points) == 8 and len({p.fan for p in points}) == 4
+    assert len(points) == 20 and len({p.fan for p in points}) == 16
+    assert sorted({kind(p) for p in points}) == ["Manrose", "Noctua", "San"]
 
 
-def test_the_proxy_law_misses_the_bar_and_the_fitted_exponent_meets_it() -> None:
+def test_the_proxy_law_meets_the_bar_and_is_the_slope_the_axial_fans_support() -> None:
     points, _ = slower_points()
-    # 50 dB per decade: within 3 dB on 5 of 8 (the Noctua's two adapters, each duct fan's middle speed;
-    # each duct fan's slowest is 3.5 dB under its published level)
-    assert share_within(points, FAN_LAW_DB_PER_DECADE) == 5 / 8
-    fitted = fitted_db_per_decade(points)
-    assert 30.0 < fitted < 35.0, fitted
-    assert share_within(points, fitted) >= 0.7
-    # the Noctua alone (an axial PC fan, the kind a GPU has) follows the fifth-power law
-    noctua = [p for p in points if p.fan.startswith("Noctua")]
+    # 15 of 20: misses are the two 9GAX at 20 % duty (4.0, 4.8 dB quieter) and the duct fans' slowest
+    assert share_within(points, FAN_LAW_DB_PER_DECADE) == 15 / 20
+    server = [p for p in points if kind(p) == "San"]
+    assert share_within(server, FAN_LAW_DB_PER_DECADE) == 10 / 12
+    assert 50.0 < fitted_db_per_decade(server) < 54.0  # 52
+    noctua = [p for p in points if kind(p) == "Noctua"]
     assert share_within(noctua, FAN_LAW_DB_PER_DECADE) == 1.0
     assert 40.0 < fitted_db_per_decade(noctua) < 50.0  # 44
+    # the duct fans alone follow a much flatter law: a different kind of fan, and the reason the law
+    # was held against fans of the kind a GPU sits behind before its default was kept
+    duct = [p for p in points if kind(p) == "Manrose"]
+    assert share_within(duct, FAN_LAW_DB_PER_DECADE) == 0.5
+    assert 25.0 < fitted_db_per_decade(duct) < 31.0  # 28
