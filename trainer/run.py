@@ -240,6 +240,8 @@ class Run:
         self.point: PlanPoint | None = None  # the study point being run (in a study)
         self._accounted_ns = 0  # simulated progress is counted up to here
         self._steady_point: SteadyPoint | None = None
+        # the point whose steady phase just ended, until the event of the next phase carries its count
+        self._ended_point: SteadyPoint | None = None
         self._temp_slowdown_c: float | None = None
         self._anchor_ns = 0  # the schedule's start (--start-at, or when the run began)
         self._sim_steps = 0.0  # the simulated device's optimizer steps
@@ -278,7 +280,7 @@ class Run:
         self.emit(event)
         if self.config.probe_id and phase != "done":
             kind = "start" if previous == "pending" else "phase_change"
-            ended = self._steady_point if previous == "steady" else None
+            ended, self._ended_point = (self._ended_point if previous == "steady" else None), None
             self._send_agent(
                 probe_event_line(
                     probe=self.config.probe_id,
@@ -563,6 +565,8 @@ class Run:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         finally:
+            # the count goes out with the next phase's event (entered after this returns); not with an error
+            self._ended_point = point if self._steady_point is point and not point.error else None
             self._steady_point = None
             if self.last_loss is not None and point.steps:
                 loss = float(self.last_loss.item())

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuprobe.trainer.run import TrainSettings, run
+from gpuprobe.collector.encode import StreamEncoder
+from gpuprobe.devservices import InfluxDBDatabase
+from gpuprobe.influx.client import InfluxClient
+from gpuprobe.influx.settings import InfluxSettings
+from gpuprobe.model.data import find_probe
+from gpuprobe.trainer.run import TrainSettings, parse_plan, run
+from gpuprobe.v1 import telemetry_pb2
+from gpuprobe.wire.validate import Identity, Limits
 
 
 def test_progress_and_probe_events_reach_the_agent_socket(agent_socket: Any) -> None:
@@ -29,6 +37,11 @@ def test_progress_and_probe_events_reach_the_agent_socket(agent_socket: Any) -> 
         ("end", "done", "succeeded"),
     ]
     assert all(e["probe"] == "p-42" and e["workload"] == "matmul-burn" for e in events)
+    # the event that ends the steady phase carries the trainer's count of it (J/sample divides by it),
+    # the result's figure; no other event carries one
+    (point,) = result["points"]
+    assert point["samples"] > 0
+    assert [e.get("steady_samples") for e in events] == [None, None, None, point["samples"], None]
     progress = [line for line in lines if line["type"] == "progress"]
     assert {p["phase"] for p in progress} >= {"idle", "steady", "cooldown"}
     for p in progress:
@@ -65,3 +78,55 @@ def test_without_an_agent_the_run_succeeds_and_warns_once(tmp_path: Path, caplog
     assert result["status"] == "succeeded"
     warnings = [r for r in caplog.records if "no agent on the trainer socket" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_in_a_study_each_steady_phase_ends_with_its_count(agent_socket: Any) -> None:
+    """Each point's steady phase ends at the next point's warm-up (the last at the cool-down), and that
+    event carries the point's count: what ``study report`` and ``gpuprobe model`` divide its energy by."""
+    plan = parse_plan('[{"index": 0, "batch_size": 8}, {"index": 1, "batch_size": 16}, {"index": 2, "batch_size": 8}]')
+    config = TrainSettings(
+        workload="matmul-burn", size="tiny", device="cpu", threads=1, duration_s=0.4, idle_baseline_s=0.1,
+        warmup_s=0.1, cooldown_s=0.1, probe_id="p-9", agent_socket=agent_socket.path, progress_interval_s=0.2,
+        plan=plan,
+    )  # fmt: skip
+    result = run(config, lambda event: None)
+    assert result["status"] == "succeeded"
+    agent_socket.wait_closed()
+    events = [line for line in agent_socket.lines if line["type"] == "probe_event"]
+    ends = [e for e in events if e.get("steady_samples") is not None]
+    assert [(e["phase"], e.get("point")) for e in ends] == [("warmup", 1), ("warmup", 2), ("cooldown", None)]
+    assert [e["steady_samples"] for e in ends] == [p["samples"] for p in result["points"]]
+    assert all(p["samples"] > 0 for p in result["points"])
+
+
+def test_a_refused_point_is_no_steady_phase_for_the_model(agent_socket: Any, influxdb: InfluxDBDatabase) -> None:
+    """A study whose middle point this GPU refuses: the trainer's events, read by the agent's parser and
+    written by the collector's encoder, give ``gpuprobe model`` the two steady phases the trainer ran and
+    their counts. (The refusal is stamped with the phase the trainer was still in, ``steady``, after the
+    idle that follows; read as a phase change it made the refused slot a third steady phase.)"""
+    trainer_input = pytest.importorskip("gpuprobe.agent.trainer_input")
+    plan = parse_plan(
+        '[{"index": 0, "batch_size": 8}, {"index": 1, "batch_size": 16, "refused": "power limit 150 W out of range"},'
+        ' {"index": 2, "batch_size": 8}]'
+    )
+    config = TrainSettings(
+        workload="matmul-burn", size="tiny", device="cpu", threads=1, duration_s=0.4, idle_baseline_s=0.1,
+        warmup_s=0.1, cooldown_s=0.1, probe_id="s-refused", agent_socket=agent_socket.path,
+        progress_interval_s=0.2, plan=plan,
+    )  # fmt: skip
+    result = run(config, lambda event: None)
+    assert result["status"] == "succeeded"
+    agent_socket.wait_closed()
+    now_ns = time.time_ns()
+    events = [trainer_input.parse_line(raw, now_ns) for raw in agent_socket.raw]
+    batch = telemetry_pb2.SampleBatch(probe_events=[m for m in events if isinstance(m, telemetry_pb2.ProbeEvent)])
+    encoded = StreamEncoder(Identity(agent_id="a1", host="node-1", cluster="c1"), Limits()).encode(batch, now_ns)
+    assert not encoded.problems.by_reason, encoded.problems
+    influxdb.write_lines(encoded.lines)
+    with InfluxClient(InfluxSettings(url=influxdb.server.url, database=influxdb.name)) as client:
+        window = find_probe(client, "s-refused")
+    ran = [p for p in result["points"] if not p.get("error")]
+    assert [p["index"] for p in ran] == [0, 2]
+    # gpu is absent on a CPU run: the host's phases are the trainer's
+    steady = window.intervals("node-1", "steady")
+    assert steady == [(p["steady_start_unix_ns"], p["steady_end_unix_ns"]) for p in ran], (steady, ran)
