@@ -27,6 +27,7 @@ from gpuprobe.errors import DataError
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.eventreads import EventSources, event_sources, query_events
 from gpuprobe.influx.influxql import Series, quote_identifier, quote_string
+from gpuprobe.wire.vocabulary import POINT_REFUSED
 
 GPU_FIELDS = (
     "temp_c",
@@ -252,9 +253,10 @@ def find_probe(
     times: list[int] = []
     for s in answer:
         host = s.tags.get("host", "")
-        for t, phase, st, wl, gpu, count in zip(
+        for t, phase, kind, st, wl, gpu, count in zip(
             s.column("time"),
             s.column("phase"),
+            s.column("kind"),
             s.column("status"),
             s.column("workload"),
             s.column("gpu"),
@@ -262,6 +264,8 @@ def find_probe(
             strict=True,
         ):
             times.append(int(t))
+            if kind == POINT_REFUSED:
+                continue  # stamped with the phase the trainer was in, after it ended: no phase of its own
             per_host.setdefault(host, []).append((int(t), str(phase or "")))
             if gpu is not None and gpu != "":
                 key = (host, str(gpu))

@@ -32,9 +32,10 @@ import numpy as np
 
 from gpuprobe.energy import window_energy
 from gpuprobe.model.thermal import headroom_c, window_steady_c
+from gpuprobe.wire.vocabulary import POINT_REFUSED
 
 BARE_METAL = "bare_metal"
-REFUSED = "point_refused"
+REFUSED = POINT_REFUSED
 
 
 # --- events and steady windows -------------------------------------------------------------------

@@ -29,11 +29,14 @@ STATUSES: dict[str, common_pb2.ProbeStatus] = {
 }
 STATUS_NAMES: dict[int, str] = {value: name for name, value in STATUSES.items()}
 
+#: A study point a node did not run. The event carries the phase the trainer was in when it refused,
+#: and is no phase change: the phases and steady windows built from the events skip it.
+POINT_REFUSED = "point_refused"
 #: The kinds of ``ProbeEvent`` (a trainer's ``probe`` lines).
 PROBE_EVENT_KINDS: dict[str, telemetry_pb2.ProbeEventKind] = {
     "start": telemetry_pb2.PROBE_EVENT_KIND_START,
     "phase_change": telemetry_pb2.PROBE_EVENT_KIND_PHASE_CHANGE,
     "end": telemetry_pb2.PROBE_EVENT_KIND_END,
-    "point_refused": telemetry_pb2.PROBE_EVENT_KIND_POINT_REFUSED,
+    POINT_REFUSED: telemetry_pb2.PROBE_EVENT_KIND_POINT_REFUSED,
 }
 PROBE_EVENT_KIND_NAMES: dict[int, str] = {value: name for name, value in PROBE_EVENT_KINDS.items()}

@@ -129,6 +129,7 @@ def test_every_profile_recovers_its_thermal_ground_truth_through_the_pipeline(
             f"GPU {g['gpu_index']}: probe {g['energy_j']:.1f} J, {g['j_per_sample']:.6g} J/sample;"
             f" model {efficiency['steady_energy_j']:.1f} J, {efficiency['j_per_sample']:.6g} J/sample"
         )
+        assert efficiency["steady_samples"] == g["samples"], (g, efficiency)  # the trainer's count reached it
         assert efficiency["steady_energy_j"] == pytest.approx(g["energy_j"], rel=2e-4), (g, efficiency)
         assert efficiency["j_per_sample"] == pytest.approx(g["j_per_sample"], rel=2e-4), (g, efficiency)
 
