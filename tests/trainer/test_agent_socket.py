@@ -101,9 +101,10 @@ def test_in_a_study_each_steady_phase_ends_with_its_count(agent_socket: Any) -> 
 
 def test_a_refused_point_is_no_steady_phase_for_the_model(agent_socket: Any, influxdb: InfluxDBDatabase) -> None:
     """A study whose middle point this GPU refuses: the trainer's events, read by the agent's parser and
-    written by the collector's encoder, give ``gpuprobe model`` the two steady phases the trainer ran and
-    their counts. (The refusal is stamped with the phase the trainer was still in, ``steady``, after the
-    idle that follows; read as a phase change it made the refused slot a third steady phase.)"""
+    written by the collector's encoder, give ``gpuprobe model`` the two steady phases the trainer ran.
+    (The refusal is stamped with the phase the trainer was still in, ``steady``, after the idle that
+    follows; read as a phase change it made the refused slot a third steady phase. The counts of a GPU's
+    phases are checked through the whole pipeline, tests/e2e/test_study_e2e.py.)"""
     trainer_input = pytest.importorskip("gpuprobe.agent.trainer_input")
     plan = parse_plan(
         '[{"index": 0, "batch_size": 8}, {"index": 1, "batch_size": 16, "refused": "power limit 150 W out of range"},'
