@@ -35,7 +35,6 @@ from gpuprobe.model.thermal import headroom_c, window_steady_c
 from gpuprobe.wire.vocabulary import POINT_REFUSED
 
 BARE_METAL = "bare_metal"
-REFUSED = POINT_REFUSED
 
 
 # --- events and steady windows -------------------------------------------------------------------
@@ -83,7 +82,7 @@ class Window:
 def _ends_window(e: Event, gpu: str) -> bool:
     """Whether event ``e`` ends a steady window of ``gpu``: the next event of the same GPU (not a
     refusal, which is no phase of the GPU), or a node-wide ``end`` (one without a GPU)."""
-    if e.kind == REFUSED:
+    if e.kind == POINT_REFUSED:
         return False
     return e.gpu == gpu or (e.gpu == "" and e.kind == "end")
 

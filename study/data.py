@@ -36,7 +36,6 @@ from gpuprobe.influx.retention import RAW_ONLY
 from gpuprobe.model.data import NoDataError, hosts_note
 from gpuprobe.study.analysis import (
     EMPTY_STATS,
-    REFUSED,
     Event,
     Measurement,
     Missing,
@@ -50,6 +49,7 @@ from gpuprobe.study.analysis import (
     steady_windows,
     window_stats,
 )
+from gpuprobe.wire.vocabulary import POINT_REFUSED
 
 __all__ = ["NoDataError", "StudyData", "load_study"]
 
@@ -401,7 +401,7 @@ def load_study(
             region=nodes[e.host].region,
         )
         for e in events
-        if e.kind == REFUSED
+        if e.kind == POINT_REFUSED
     ]
     # a point refused on a GPU after it started (its power limit could not be set when its warm-up
     # began) has a steady window at another limit: it is not a measurement of that point
@@ -432,7 +432,7 @@ def _missing(
     refused = {(r.host, r.gpu, r.point) for r in refusals}
     seen: dict[tuple[str, str, int], Event] = {}
     for e in events:
-        if e.point is not None and e.kind != REFUSED:
+        if e.point is not None and e.kind != POINT_REFUSED:
             seen[(e.host, e.gpu, e.point)] = e  # the last one
     for key in sorted(seen, key=lambda k: (k[0], gpu_order(k[1]), k[2])):
         if key in measured or key in refused:

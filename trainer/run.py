@@ -566,7 +566,7 @@ class Run:
                 torch.cuda.empty_cache()
         finally:
             # the count goes out with the next phase's event (entered after this returns); not with an error
-            self._ended_point = point if self._steady_point is point and not point.error else None
+            self._ended_point = None if point.error else point
             self._steady_point = None
             if self.last_loss is not None and point.steps:
                 loss = float(self.last_loss.item())

@@ -80,18 +80,28 @@ def test_without_an_agent_the_run_succeeds_and_warns_once(tmp_path: Path, caplog
     assert len(warnings) == 1
 
 
-def test_in_a_study_each_steady_phase_ends_with_its_count(agent_socket: Any) -> None:
-    """Each point's steady phase ends at the next point's warm-up (the last at the cool-down), and that
-    event carries the point's count: what ``study report`` and ``gpuprobe model`` divide its energy by."""
-    plan = parse_plan('[{"index": 0, "batch_size": 8}, {"index": 1, "batch_size": 16}, {"index": 2, "batch_size": 8}]')
+def run_study(agent_socket: Any, probe_id: str, plan: str) -> dict[str, Any]:
+    """A short study run of the trainer on the CPU, reporting to the fake agent socket; its result, once
+    the socket has every line."""
     config = TrainSettings(
         workload="matmul-burn", size="tiny", device="cpu", threads=1, duration_s=0.4, idle_baseline_s=0.1,
-        warmup_s=0.1, cooldown_s=0.1, probe_id="p-9", agent_socket=agent_socket.path, progress_interval_s=0.2,
-        plan=plan,
+        warmup_s=0.1, cooldown_s=0.1, probe_id=probe_id, agent_socket=agent_socket.path, progress_interval_s=0.2,
+        plan=parse_plan(plan),
     )  # fmt: skip
     result = run(config, lambda event: None)
     assert result["status"] == "succeeded"
     agent_socket.wait_closed()
+    return result
+
+
+def test_in_a_study_each_steady_phase_ends_with_its_count(agent_socket: Any) -> None:
+    """Each point's steady phase ends at the next point's warm-up (the last at the cool-down), and that
+    event carries the point's count: what ``study report`` and ``gpuprobe model`` divide its energy by."""
+    result = run_study(
+        agent_socket,
+        "p-9",
+        '[{"index": 0, "batch_size": 8}, {"index": 1, "batch_size": 16}, {"index": 2, "batch_size": 8}]',
+    )
     events = [line for line in agent_socket.lines if line["type"] == "probe_event"]
     ends = [e for e in events if e.get("steady_samples") is not None]
     assert [(e["phase"], e.get("point")) for e in ends] == [("warmup", 1), ("warmup", 2), ("cooldown", None)]
@@ -106,18 +116,12 @@ def test_a_refused_point_is_no_steady_phase_for_the_model(agent_socket: Any, inf
     follows; read as a phase change it made the refused slot a third steady phase. The counts of a GPU's
     phases are checked through the whole pipeline, tests/e2e/test_study_e2e.py.)"""
     trainer_input = pytest.importorskip("gpuprobe.agent.trainer_input")
-    plan = parse_plan(
+    result = run_study(
+        agent_socket,
+        "s-refused",
         '[{"index": 0, "batch_size": 8}, {"index": 1, "batch_size": 16, "refused": "power limit 150 W out of range"},'
-        ' {"index": 2, "batch_size": 8}]'
+        ' {"index": 2, "batch_size": 8}]',
     )
-    config = TrainSettings(
-        workload="matmul-burn", size="tiny", device="cpu", threads=1, duration_s=0.4, idle_baseline_s=0.1,
-        warmup_s=0.1, cooldown_s=0.1, probe_id="s-refused", agent_socket=agent_socket.path,
-        progress_interval_s=0.2, plan=plan,
-    )  # fmt: skip
-    result = run(config, lambda event: None)
-    assert result["status"] == "succeeded"
-    agent_socket.wait_closed()
     now_ns = time.time_ns()
     events = [trainer_input.parse_line(raw, now_ns) for raw in agent_socket.raw]
     batch = telemetry_pb2.SampleBatch(probe_events=[m for m in events if isinstance(m, telemetry_pb2.ProbeEvent)])
