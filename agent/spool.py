@@ -662,7 +662,7 @@ class UplinkSpool(Protocol):
 
 class MemorySpool:
     """A spool in memory: the seqs and acknowledgements of :class:`Spool` without its disk, cap or
-    recorder, for the load generator (gpuprobe/loadgen.py) and the uplink's tests."""
+    recorder, for the load generator (app/loadgen.py) and the uplink's tests."""
 
     def __init__(self, spool_id: str | None = None) -> None:
         self.spool_id = spool_id or secrets.token_hex(8)

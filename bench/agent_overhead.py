@@ -95,7 +95,7 @@ def _named(self):
     _inner(self)
 threading.Thread._bootstrap_inner = _named
 _name_os_thread("main")
-from gpuprobe.cli import main
+from gpuprobe.app.cli import main
 sys.argv[0] = "gpuprobe"
 sys.exit(main())
 """

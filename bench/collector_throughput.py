@@ -4,7 +4,7 @@ the time from a sample to being queryable, all measured in one run on this machi
     python bench/collector_throughput.py [--samples 300000] [--json out.json]
 
 1. **Encode**: ``StreamEncoder.encode`` alone on realistic GPU batches (NVML-like values from
-   ``gpuprobe.loadgen.SampleFactory``, 8 GPUs x 100 samples per batch, parsed from bytes as
+   ``gpuprobe.app.loadgen.SampleFactory``, 8 GPUs x 100 samples per batch, parsed from bytes as
    the server gets them), single process, CPU time (``time.process_time``).
 2. **Raw**: a fresh InfluxDB (Debian's 1.6, own data directory) takes pre-encoded, pre-gzipped
    5 000-line batches of the same lines, POSTed by 3 threads as fast as it answers. Run before and
@@ -45,11 +45,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuprobe.app.loadgen import AgentSpec, SampleFactory, SyntheticAgent
 from gpuprobe.collector.compression import gzip_bytes
 from gpuprobe.collector.encode import StreamEncoder
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.devservices.ports import LOOPBACK, free_port, port_accepts
-from gpuprobe.loadgen import AgentSpec, SampleFactory, SyntheticAgent
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 from gpuprobe.wire.validate import Identity, Limits
 
@@ -193,7 +193,7 @@ def start_collector(
         [
             sys.executable,
             "-m",
-            "gpuprobe",
+            "gpuprobe.app",
             "--log-level",
             "warning",
             "collector",
@@ -454,7 +454,7 @@ def main() -> int:
     parser.add_argument(
         "--collector-python",
         default=sys.executable,
-        help="--cpu-per-sample: the interpreter that runs `-m gpuprobe collector` (another checkout's venv)",
+        help="--cpu-per-sample: the interpreter whose `gpuprobe collector` runs (another checkout's venv)",
     )
     args = parser.parse_args()
     results: dict[str, Any] = {

@@ -5,7 +5,7 @@
 Starts a fresh InfluxDB (Debian's 1.6, own data directory, ``gpuprobe.devservices``) and two
 ``gpuprobe collector`` processes (plaintext on 127.0.0.1, free ports): A with ``--ack-after sink``
 (it holds nothing an agent does not also hold, so killing it strands nothing) and B with the default
-``--ack-after wal``. The synthetic agents (``gpuprobe.loadgen.SyntheticAgent``, real gRPC
+``--ack-after wal``. The synthetic agents (``gpuprobe.app.loadgen.SyntheticAgent``, real gRPC
 clients, in this process) get both addresses and start at the one the agent's SHA-256 hash of their
 id picks, failing over in order, as ``gpuprobe agent --collector a,b`` does.
 
@@ -63,9 +63,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuprobe.agent.uplink import first_choice
+from gpuprobe.app.loadgen import AgentSpec, SampleFactory, SyntheticAgent
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.devservices.ports import LOOPBACK, free_ports, port_accepts
-from gpuprobe.loadgen import AgentSpec, SampleFactory, SyntheticAgent
 from gpuprobe.v1 import telemetry_pb2
 
 NS = 1_000_000_000
@@ -147,11 +147,14 @@ class Collector:
 def start_collector(
     name: str, influx: InfluxDBServer, wal: Path, ack_after: str, extra: list[str], python: str = sys.executable
 ) -> Collector:
-    """``python -m gpuprobe collector`` (another interpreter: another checkout's collector)."""
+    """The ``gpuprobe collector`` beside ``python`` (another interpreter: another checkout's collector,
+    whose package may be laid out differently; its console script is the stable entry point)."""
     port, metrics_port = free_ports(2)
     log_path = wal.parent / f"{name}.log"
+    script = Path(python).with_name("gpuprobe")
+    command = [str(script)] if script.exists() else [python, "-m", "gpuprobe.app"]
     argv = [
-        python, "-m", "gpuprobe", "--log-level", "warning", "collector", "--insecure",
+        *command, "--log-level", "warning", "collector", "--insecure",
         "--listen", f"{LOOPBACK}:{port}", "--metrics-listen", f"{LOOPBACK}:{metrics_port}",
         "--collector-id", name, "--influx-url", influx.url, "--influx-db", DB, "--influx-create-db",
         "--wal", str(wal), "--ack-after", ack_after, *extra,

@@ -10,6 +10,6 @@ Modules, in the order data flows through them (docs/architecture.md, docs/operat
 - :mod:`.sink` — drains the WAL into InfluxDB (v1 ``/write`` or v2 via ``influxdb-client``)
 - :mod:`.metrics`, :mod:`.runner` (processes, sd_notify), :mod:`.cli`, :mod:`.install`, :mod:`.settings`
 
-The synthetic agents of the tests and benchmarks are :mod:`gpuprobe.loadgen` (top floor: they use the
+The synthetic agents of the tests and benchmarks are :mod:`gpuprobe.app.loadgen` (top floor: they use the
 agent's uplink and resolution policy, which the collector may not import).
 """

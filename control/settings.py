@@ -35,7 +35,7 @@ DEFAULT_CLOCK_SKEW_S = 30.0
 # The most points one study may have (gpuprobe study start; agents refuse more).
 MAX_STUDY_POINTS = 256
 # What a probe runs for each GPU: this installation's own trainer, never a command from the network.
-TRAINER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "gpuprobe", "train")
+TRAINER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "gpuprobe.app", "train")
 
 TRUSTED_KEYS = Option(
     "trusted_keys",

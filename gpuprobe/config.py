@@ -1,7 +1,7 @@
 """Options that come from a TOML file, ``GPUPROBE_*`` environment variables and flags.
 
 Each command declares its options once (:class:`Option`) in its :class:`Command`; the parts' CLI
-modules list their commands and ``gpuprobe.cli`` (the entry point) dispatches them. Both classes live
+modules list their commands and ``gpuprobe.app.cli`` (the entry point) dispatches them. Both classes live
 here, beside the option machinery, so that a part's CLI never imports the dispatcher that imports it.
 :func:`add_options` turns options into argparse flags and :func:`resolve` merges the sources with this
 precedence, highest first::

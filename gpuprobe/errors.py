@@ -42,7 +42,7 @@ module (``gpuprobe.`` left out; ``agent/…`` is ``gpuprobe.agent``) and when it
     │   ├── SimBuildError (RuntimeError)       sim/build.py: the simulator library cannot be compiled
     │   ├── Cancelled                          trainer/run.py: a training run was asked to stop
     │   │                                      (SIGTERM, SIGINT, a probe cancel); the run catches it
-    │   ├── DemoError (RuntimeError)           demo.py: a step of `gpuprobe demo` failed
+    │   ├── DemoError (RuntimeError)           app/demo.py: a step of `gpuprobe demo` failed
     │   └── DevServiceError (RuntimeError)     devservices/errors.py: a development InfluxDB or
     │       │                                  Mosquitto cannot be used
     │       ├── BinaryNotFoundError            devservices/errors.py: the server's executable is not

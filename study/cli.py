@@ -1,7 +1,7 @@
 """``gpuprobe study …``: the study commands. ``study report`` is the analysis (:func:`gpuprobe.study.run`).
 
 Each subcommand is one :class:`~gpuprobe.config.Command` named ``study.<name>`` in :data:`COMMANDS`
-(``gpuprobe/cli.py`` registers the list); add a subcommand by appending to it. The ``--influx-*``
+(``app/cli.py`` registers the list); add a subcommand by appending to it. The ``--influx-*``
 options are ``gpuprobe model``'s own declarations (:data:`INFLUX_OPTIONS`).
 """
 

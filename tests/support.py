@@ -59,9 +59,9 @@ def check_sleep(seconds: float, caller_file: str) -> None:
 
 
 def gpuprobe_command() -> list[str]:
-    """The installed ``gpuprobe`` console script of this interpreter (``python -m gpuprobe`` without one)."""
+    """The installed ``gpuprobe`` console script of this interpreter (``python -m gpuprobe.app`` without one)."""
     script = Path(sys.executable).parent / "gpuprobe"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuprobe"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuprobe.app"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

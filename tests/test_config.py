@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuprobe.cli import all_commands, build_parser
+from gpuprobe.app.cli import all_commands, build_parser
 from gpuprobe.config import (
     DURATION_FORMS,
     PER_COMMAND_KEYS,
@@ -172,7 +172,7 @@ def test_a_key_that_means_something_else_in_each_command_is_set_only_for_its_own
     assert own["gpus"] == [0, 3]
     path.write_text("gpus = 2\n")
     done = subprocess.run(
-        [sys.executable, "-m", "gpuprobe", "--config", str(path), "probe", "start", "--workload", "idle"],
+        [sys.executable, "-m", "gpuprobe.app", "--config", str(path), "probe", "start", "--workload", "idle"],
         capture_output=True,
         text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")},
@@ -182,7 +182,7 @@ def test_a_key_that_means_something_else_in_each_command_is_set_only_for_its_own
 
 def gpuprobe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuprobe", *args], capture_output=True, text=True, env=env or dict(os.environ)
+        [sys.executable, "-m", "gpuprobe.app", *args], capture_output=True, text=True, env=env or dict(os.environ)
     )
 
 

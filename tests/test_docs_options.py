@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from gpuprobe.cli import all_commands, build_parser
+from gpuprobe.app.cli import all_commands, build_parser
 from gpuprobe.config import CONFIG_ENV
 
 ROOT = Path(__file__).resolve().parent.parent

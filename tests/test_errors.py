@@ -33,7 +33,7 @@ def package_modules() -> list[str]:
             if parts[-1] == "__init__":
                 parts.pop()
             names.add(".".join([package, *parts]))
-    return sorted(names - {"gpuprobe.__main__"})  # importing __main__ runs the CLI
+    return sorted(names - {"gpuprobe.app.__main__"})  # importing __main__ runs the CLI
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ sub-module for ``from PACKAGE import MODULE``; importing a sub-module is *not* c
 its parent packages, whose ``__init__`` files import nothing eagerly.
 
 - no cycles;
-- only the entry point (``gpuprobe/__main__.py``; the ``gpuprobe`` script calls ``gpuprobe.cli:main``)
-  imports the dispatcher ``gpuprobe/cli.py``, and only a ``cli`` module imports another ``cli`` module:
+- only the entry point (``app/__main__.py``; the ``gpuprobe`` script calls ``gpuprobe.app.cli:main``)
+  imports the dispatcher ``app/cli.py``, and only a ``cli`` module imports another ``cli`` module:
   what several commands share lives in a non-CLI module (``gpuprobe/config.py``, ``control/settings.py``);
 - parts import downward only: every import from one part into another is one that the table "Allowed
   imports" of docs/architecture.md allows (the test reads the table from there, so the docs and the
@@ -27,15 +27,15 @@ import subprocess
 import sys
 import textwrap
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY_POINT = "gpuprobe.__main__"
-DISPATCHER = "gpuprobe.cli"
+ENTRY_POINT = "gpuprobe.app.__main__"
+DISPATCHER = "gpuprobe.app.cli"
 NVML_PACKAGE = "gpuprobe.nvml"
 NVML_SENSOR = "gpuprobe.nvml.sensor"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -137,7 +137,9 @@ def test_the_graph_covers_the_package() -> None:
     for module in (DISPATCHER, ENTRY_POINT, "gpuprobe.config", NVML_SENSOR, "gpuprobe.control.settings"):
         assert module in MODULES, module
     assert GRAPH[ENTRY_POINT] == {DISPATCHER}
-    assert {"gpuprobe.agent.cli", "gpuprobe.control.cli", "gpuprobe.demo"} <= GRAPH[DISPATCHER]  # lazy imports count
+    assert {"gpuprobe.agent.cli", "gpuprobe.control.cli", "gpuprobe.app.demo"} <= GRAPH[
+        DISPATCHER
+    ]  # lazy imports count
 
 
 def test_find_cycle_finds_one() -> None:
@@ -271,6 +273,34 @@ def test_no_cycles_between_parts() -> None:
         graph[a].add(b)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle between parts: " + " -> ".join(cycle or [])
+
+
+def _grouped(key: Callable[[str], str]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for importer, targets in GRAPH.items():
+        for target in targets:
+            graph.setdefault(key(importer), set())
+            if key(importer) != key(target):
+                graph[key(importer)].add(key(target))
+    return graph
+
+
+def _package(module: str) -> str:
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _folder(module: str) -> str:
+    return MODULES[module].relative_to(ROOT).parts[0]
+
+
+@pytest.mark.parametrize("key", [_package, _folder], ids=["python packages", "repository folders"])
+def test_no_cycles_between_packages(key: Callable[[str], str]) -> None:
+    """The parts as Python packages (``gpuprobe`` with its own modules, ``gpuprobe.agent``,
+    ``gpuprobe.agent.sensors``, ...) and as the folders a reader of the tree sees (``gpuprobe/``,
+    ``agent/``, ``app/``, ...): neither has a cycle. The top floor lives in ``app/``, not beside the
+    ground floor in ``gpuprobe/``, which every part imports."""
+    cycle = find_cycle(_grouped(key))
+    assert cycle is None, "import cycle between packages: " + " -> ".join(cycle or [])
 
 
 def test_every_module_imports() -> None:

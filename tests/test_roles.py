@@ -62,7 +62,7 @@ def test_role_runs_with_only_its_extra(
     for argv in [[], *commands]:
         result = run_without(
             blocked,
-            f"from gpuprobe.cli import main\ntry:\n    main({[*argv, '--help']!r})\nexcept SystemExit as e:\n"
+            f"from gpuprobe.app.cli import main\ntry:\n    main({[*argv, '--help']!r})\nexcept SystemExit as e:\n"
             "    raise SystemExit(e.code)\n",
         )
         assert result.returncode == 0, f"{role}: gpuprobe {' '.join(argv)} --help failed:\n{result.stderr}"

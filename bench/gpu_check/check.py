@@ -455,7 +455,7 @@ def trace_and_overhead(args: argparse.Namespace, env: dict[str, str], nvml: dict
         idle_cpu: tuple[float, int] | None = None
         for i, run in enumerate(runs, 1):
             trainer = subprocess.Popen(
-                [sys.executable, "-m", "gpuprobe", "train", *run, "--agent-socket", str(socket_path),
+                [sys.executable, "-m", "gpuprobe.app", "train", *run, "--agent-socket", str(socket_path),
                  "--format", "json"],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work,
             )  # fmt: skip

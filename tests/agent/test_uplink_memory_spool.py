@@ -1,6 +1,6 @@
 """The agent's uplink over the in-memory spool (gpuprobe.agent.spool.MemorySpool), in this process,
 against the agents' test receiver (tests/agent/receiver.py) served from the same event loop: the
-seam the load generator (gpuprobe/loadgen.py) uses, checked without an agent process."""
+seam the load generator (app/loadgen.py) uses, checked without an agent process."""
 
 from __future__ import annotations
 

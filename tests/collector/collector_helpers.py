@@ -213,10 +213,10 @@ def client_credentials(pki: Pki, *, client: str = "good") -> grpc.ChannelCredent
 
 
 class CollectorProcess:
-    """``python -m gpuprobe collector ...`` with its output in a log file; killed with real signals."""
+    """``python -m gpuprobe.app collector ...`` with its output in a log file; killed with real signals."""
 
     def __init__(self, args: Sequence[str], log_path: Path, port: int, env: dict[str, str] | None = None) -> None:
-        self.args = [sys.executable, "-m", "gpuprobe", "--log-level", "info", "collector", *args]
+        self.args = [sys.executable, "-m", "gpuprobe.app", "--log-level", "info", "collector", *args]
         self.log_path = log_path
         self.port = port
         self.env = support.clean_env(**(env or {}))

@@ -16,9 +16,9 @@ from collector_helpers import collector_config, running, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuprobe.app.loadgen import AgentSpec, SampleFactory, SyntheticAgent, aggregate
 from gpuprobe.collector.encode import GPU_SPECS, StreamEncoder, resolution_tag
 from gpuprobe.devservices import InfluxDBDatabase
-from gpuprobe.loadgen import AgentSpec, SampleFactory, SyntheticAgent, aggregate
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 from gpuprobe.wire.validate import (
     INVALID_STRING,

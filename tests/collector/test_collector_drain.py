@@ -14,10 +14,10 @@ import support
 from collector_helpers import CollectorProcess, collector_config, running, wait_until
 from test_collector_faults import Fleet, assert_exactly_once
 
+from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.runner import DRAIN_UNREACHABLE_GRACE_S, EXIT_WAL_LEFT
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.devservices.influxdb import ADMIN_USER
-from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 
 
 def pending_lines(wal_dir: Path) -> int:

@@ -22,10 +22,10 @@ import support
 from collector_helpers import CollectorProcess, collector_config, running, wait_until
 
 from gpuprobe.agent.uplink import WRITE_RACED_END
+from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.sink import SinkSettings
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
 from gpuprobe.devservices.disks import SmallDisk
-from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import telemetry_pb2
 
 Sent = dict[str, list[telemetry_pb2.GpuSample]]
@@ -438,7 +438,7 @@ def test_a_worker_whose_metrics_port_is_taken_stops_the_collector_before_it_serv
         taken.listen()
         done = subprocess.run(
             [
-                sys.executable, "-m", "gpuprobe", "--log-level", "info", "collector", "--insecure",
+                sys.executable, "-m", "gpuprobe.app", "--log-level", "info", "collector", "--insecure",
                 "--workers", "2", "--listen", f"127.0.0.1:{support.free_port()}", "--influx-url", "http://127.0.0.1:9",
                 "--wal", str(tmp_path / "wal"), "--metrics-listen", f"127.0.0.1:{metrics_port}",
             ],
@@ -458,7 +458,7 @@ def test_plaintext_without_insecure_refuses_to_start(
 
 
 def test_influx_and_collector_options_come_from_toml_and_environment(tmp_path: Path) -> None:
-    from gpuprobe.cli import all_commands, build_parser
+    from gpuprobe.app.cli import all_commands, build_parser
     from gpuprobe.collector.cli import config_from_options
     from gpuprobe.config import load_file, resolve
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from collector_helpers import collector_config, running, wait_until
 
+from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.encode import GPU_HEALTH_FIELDS, StreamEncoder
 from gpuprobe.devservices import InfluxDBDatabase
-from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 from gpuprobe.wire.validate import (
     INVALID_STRING,

@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def install(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuprobe", "install", "collector", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gpuprobe.app", "install", "collector", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -68,7 +71,7 @@ def test_the_installed_config_is_understood_by_gpuprobe_collector(tmp_path: Path
     assert 'metrics_listen = "127.0.0.1:9447"' in text  # no authentication: this host only unless told
     # every key is a collector option; with the TLS files absent here it stops at reading them
     started = subprocess.run(
-        [sys.executable, "-m", "gpuprobe", "--config", str(config), "collector", "--wal", str(tmp_path / "wal")],
+        [sys.executable, "-m", "gpuprobe.app", "--config", str(config), "collector", "--wal", str(tmp_path / "wal")],
         capture_output=True,
         text=True,
         timeout=60,

@@ -15,6 +15,7 @@ import support
 from collector_helpers import FAST_SINK, RecordingServer, collector_config, running, wait_until
 from test_collector_faults import assert_exactly_once
 
+from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.cli import config_from_options
 from gpuprobe.collector.metrics import Metrics
 from gpuprobe.collector.settings import CollectorConfigError, InfluxRoute, parse_route
@@ -22,7 +23,6 @@ from gpuprobe.collector.sink import Destination, Sink, V1Backend, cluster_of
 from gpuprobe.collector.wal import WriteAheadLog
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.influx.lineprotocol import encode_line
-from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 
 T0 = 1_700_000_000_000_000_000
 

@@ -13,11 +13,11 @@ import pytest
 from collector_helpers import client_credentials, collector_config, raw_exchange, running, wait_until
 
 from gpuprobe.agent.settings import TlsSettings
+from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.auth import AuthConfigError, parse_tokens
 from gpuprobe.collector.settings import CollectorConfigError
 from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.devservices.certs import Pki
-from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 TOKEN_A = "tok-a-0123456789abcdef"

@@ -19,10 +19,10 @@ from collector_helpers import LoopThread, collector_config, raw_exchange, runnin
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.runner import Collector
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
 from gpuprobe.fields import GPU_FIELDS
-from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 from gpuprobe.wire.validate import Limits
 

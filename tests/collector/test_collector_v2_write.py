@@ -36,11 +36,11 @@ from pathlib import Path
 import pytest
 from collector_helpers import FAST_SINK, Recorded, RecordingServer, collector_config, running, wait_until
 
+from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.collector.metrics import Metrics
 from gpuprobe.collector.sink import Sink, SinkSettings, V2Backend
 from gpuprobe.collector.wal import WriteAheadLog
 from gpuprobe.influx.settings import InfluxSettings
-from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 
 T0 = 1_700_000_000_000_000_000
 TOKEN = "write-token"

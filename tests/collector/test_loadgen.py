@@ -15,8 +15,8 @@ import pytest
 
 from gpuprobe.agent.spool import SpoolState
 from gpuprobe.agent.uplink import _Session
+from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.devservices.ports import LOOPBACK
-from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import telemetry_pb2
 
 

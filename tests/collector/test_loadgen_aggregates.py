@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprobe.loadgen import AgentSpec, SampleFactory, aggregate
+from gpuprobe.app.loadgen import AgentSpec, SampleFactory, aggregate
 
 NS = 1_000_000_000
 

@@ -13,8 +13,8 @@ import grpc.aio
 import pytest
 
 from gpuprobe.agent.uplink import METHOD, first_choice
+from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.devservices.ports import LOOPBACK
-from gpuprobe.loadgen import AgentSpec, SyntheticAgent
 from gpuprobe.v1 import telemetry_pb2
 from gpuprobe.wire.validate import STREAM_ACCEPTED_HEADER
 

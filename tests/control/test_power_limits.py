@@ -66,7 +66,7 @@ def _env_without_gpuprobe() -> dict[str, str]:
 
 def _gpuprobe() -> list[str]:
     script = Path(sys.executable).parent / "gpuprobe"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuprobe"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuprobe.app"]
 
 
 @dataclass

@@ -89,7 +89,7 @@ def test_a_wheel_builds_from_only_the_copied_files(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "gpuprobe = gpuprobe.cli:main" in entry_points
+    assert "gpuprobe = gpuprobe.app.cli:main" in entry_points
     for module in ("gpuprobe/agent/service.py", "gpuprobe/collector/server.py", "gpuprobe/v1/telemetry_pb2.py"):
         assert module in names
 

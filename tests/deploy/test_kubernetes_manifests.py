@@ -358,7 +358,7 @@ def test_the_agent_takes_the_daemonsets_args_and_environment(tmp_path: Path, fak
     env = {k: remap(v, mounts) for k, v in env.items()}
     assert Path(env["GPUPROBE_CONFIG"]) == identity
     out = subprocess.run(
-        [sys.executable, "-m", "gpuprobe", *args, "--check"],
+        [sys.executable, "-m", "gpuprobe.app", *args, "--check"],
         env={"PATH": "/usr/bin:/bin", **env},
         capture_output=True,
         text=True,
@@ -416,7 +416,7 @@ def test_the_agents_dial_the_collector_service_on_the_collectors_port() -> None:
 
 def test_the_collector_takes_the_statefulsets_args_and_environment(tmp_path: Path) -> None:
     """The collector's own parser and settings check read the container's args and environment."""
-    from gpuprobe.cli import all_commands, build_parser
+    from gpuprobe.app.cli import all_commands, build_parser
     from gpuprobe.collector.cli import config_from_options
     from gpuprobe.config import resolve
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprobe.demo import NODE_LABELS
+from gpuprobe.app.demo import NODE_LABELS
 from gpuprobe.devservices.browser import screenshot
 
 # the demo's phases are real time (about 5 minutes alone, more beside another worker)
@@ -54,7 +54,7 @@ def test_demo_ends_in_a_report_that_opens_in_a_browser(tmp_path: Path, demo_tmp:
     # its own process group, so that a demo that fails or hangs leaves no InfluxDB, agents or simulator
     # behind to load the rest of the suite
     demo = subprocess.Popen(
-        [sys.executable, "-m", "gpuprobe", "demo", "--out", str(out), *phases],
+        [sys.executable, "-m", "gpuprobe.app", "demo", "--out", str(out), *phases],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -139,7 +139,7 @@ def test_a_demo_stopped_with_sigterm_leaves_nothing_running_or_lying_around(tmp_
     """Its services run in sessions of their own, so a SIGTERM to the demo (a CI job cancelled, `kill`)
     must stop them as a Ctrl-C does, not leave InfluxDB, Mosquitto and the agents behind."""
     demo = subprocess.Popen(
-        [sys.executable, "-m", "gpuprobe", "demo", "--out", str(tmp_path / "report"), "--no-study"],
+        [sys.executable, "-m", "gpuprobe.app", "demo", "--out", str(tmp_path / "report"), "--no-study"],
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,

@@ -20,7 +20,7 @@ def _no_gpuprobe_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _command(capsys: pytest.CaptureFixture[str], tool: str) -> Import:
-    from gpuprobe.cli import main
+    from gpuprobe.app.cli import main
 
     def run(*args: str | Path) -> tuple[int, str, str]:
         capsys.readouterr()

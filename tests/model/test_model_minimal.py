@@ -297,7 +297,7 @@ def test_a_model_run_with_data_prints_no_library_line(influxdb: InfluxDBDatabase
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}
     done = subprocess.run(
         [
-            sys.executable, "-m", "gpuprobe", "model", "--from", format_time_ns(start_ns), "--to",
+            sys.executable, "-m", "gpuprobe.app", "model", "--from", format_time_ns(start_ns), "--to",
             format_time_ns(end_ns), "--influx-url", influxdb.server.url, "--influx-db", influxdb.name,
             "--out", str(tmp_path),
         ],

@@ -104,7 +104,7 @@ def test_model_points_read_back_bit_for_bit(influxdb: InfluxDBDatabase) -> None:
 
 def test_model_prints_no_library_lines_at_the_default_log_level(influxdb: InfluxDBDatabase, tmp_path: Path) -> None:
     """It printed about 14 `INFO httpx: HTTP Request: ...` lines, one per query."""
-    base = [sys.executable, "-m", "gpuprobe"]
+    base = [sys.executable, "-m", "gpuprobe.app"]
     args = ["model", "--from", "now-1h", "--influx-url", influxdb.server.url, "--influx-db", influxdb.name]
     args += ["--out", str(tmp_path / "out")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPROBE_")}

@@ -100,7 +100,7 @@ MEDIAN_RMSE_GOAL_C = 2.0  # issue 24: the 1 348 s recording's models predict the
 
 
 def gpuprobe(*args: str | Path) -> int:
-    from gpuprobe.cli import main
+    from gpuprobe.app.cli import main
 
     return main([str(a) for a in args])
 

@@ -232,7 +232,7 @@ def test_holdout_option_is_validated() -> None:
         with pytest.raises(ValueError, match=r"between 0 and 0\.9"):
             option.type(bad)
     run = subprocess.run(
-        [sys.executable, "-m", "gpuprobe", "model", "--probe", "p", "--holdout", "0.95"],
+        [sys.executable, "-m", "gpuprobe.app", "model", "--probe", "p", "--holdout", "0.95"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -62,7 +62,7 @@ def fresh_study(influxdb_server: InfluxDBServer) -> Iterator[Callable[..., Study
 def gpuprobe_study(capsys: pytest.CaptureFixture[str]) -> StudyCommand:
     """``gpuprobe_study(run, *args)`` runs ``gpuprobe study report <args> --influx-url … --influx-db …``
     against ``run``'s database (``run`` None: no InfluxDB options): (exit status, stdout, stderr)."""
-    from gpuprobe.cli import main
+    from gpuprobe.app.cli import main
 
     def command(run: StudyRun | None, *args: str | Path) -> tuple[int, str, str]:
         capsys.readouterr()

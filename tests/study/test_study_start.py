@@ -80,7 +80,7 @@ def test_usage_errors_say_what_is_wrong(overrides: dict[str, Any], message: str)
 @pytest.mark.parametrize("bad", ["0%", "150%", "-5W", "fast", "60%,60%"])
 def test_a_bad_power_limit_is_a_usage_error_before_anything_is_sent(bad: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gpuprobe", "study", "start", "--workloads", "resnet50", "--duration", "10",
+        [sys.executable, "-m", "gpuprobe.app", "study", "start", "--workloads", "resnet50", "--duration", "10",
          "--power-limits", bad, "--broker", "mqtt://127.0.0.1:9", "--key", "/nonexistent"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """The one ``gpuprobe`` command (the entry point). Each part lists its sub-commands as
 :class:`~gpuprobe.config.Command` objects in its ``cli`` module; this module collects and dispatches them.
 
-Nothing but the entry point (``gpuprobe/__main__.py``, the ``gpuprobe`` script) imports this module:
+Nothing but the entry point (``app/__main__.py``, the ``gpuprobe`` script) imports this module:
 the parts' CLI modules take ``Command`` and ``Option`` from :mod:`gpuprobe.config`.
 """
 
@@ -45,8 +45,8 @@ def quiet_libraries(level: str) -> None:
 
 def all_commands() -> list[Command]:
     # imported here so that `gpuprobe --help` costs only what the registered parts import
-    from gpuprobe import demo
     from gpuprobe.agent import cli as agent_cli
+    from gpuprobe.app import demo
     from gpuprobe.collector import cli as collector_cli
     from gpuprobe.control import cli as control_cli
     from gpuprobe.importer import cli as importer_cli

@@ -57,7 +57,7 @@ def _say(message: str) -> None:
 
 
 def _gpuprobe(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gpuprobe", *args]
+    return [sys.executable, "-m", "gpuprobe.app", *args]
 
 
 @dataclass
@@ -194,7 +194,7 @@ def run_demo(values: dict[str, Any]) -> int:
                 host,
                 _gpuprobe(
                     "sim", "run", "--profile", profiles, *thermal_sets, "--state-dir", str(work / host / "sim"), "--",
-                    sys.executable, "-m", "gpuprobe", "agent", "--host", host, "--cluster", "demo",
+                    sys.executable, "-m", "gpuprobe.app", "agent", "--host", host, "--cluster", "demo",
                     "--collector", f"127.0.0.1:{collector_port}", "--tls-ca", str(pki.ca.cert_path),
                     "--tls-server-name", "localhost", "--token-file", str(token_file),
                     "--spool", str(work / host / "spool"), "--broker", broker,

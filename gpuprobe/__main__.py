@@ -1,5 +1,0 @@
-import sys
-
-from gpuprobe.cli import main
-
-sys.exit(main())
