@@ -1,4 +1,5 @@
-"""Collects samples into the next ``SampleBatch``: closed when it holds ``max_samples`` or is ``flush_interval_s`` old.
+"""Part: agent. Collects samples into the next ``SampleBatch``: closed when it holds ``max_samples`` or is
+``flush_interval_s`` old.
 
 The sampler thread, the GPU events thread and the event loop (trainer input) add samples (a GPU
 event, process, NVLink or MIG sample counts as one sample); the service's flusher takes the

@@ -1,4 +1,4 @@
-"""``gpuprobe agent`` and ``gpuprobe install agent``."""
+"""Part: agent. ``gpuprobe agent`` and ``gpuprobe install agent``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""dcgm-exporter's metric names for gpuprobe's ``gpu`` fields: the one table, keyed by gpuprobe field name.
+"""Part: agent. dcgm-exporter's metric names for gpuprobe's ``gpu`` fields: the one table, keyed by gpuprobe field name.
 
 The names, types and help texts are those of dcgm-exporter's ``etc/default-counters.csv`` (NVIDIA's
 public repository, https://github.com/NVIDIA/dcgm-exporter; the CSV's commented-out counters and the

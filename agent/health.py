@@ -1,4 +1,4 @@
-"""Each GPU's health verdict (``GpuHealth``) and its reason, from events and the health interval's reads.
+"""Part: agent. Each GPU's health verdict (``GpuHealth``) and its reason, from events and the health interval's reads.
 
 The rule (docs/agent.md, "GPU health"), per GPU:
 

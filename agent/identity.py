@@ -1,4 +1,5 @@
-"""The node's identity labels (the tags of every point it sends): host, cluster, cloud, instance type, region, virt.
+"""Part: agent. The node's identity labels (the tags of every point it sends): host, cluster, cloud, instance type,
+region, virt.
 
 Configured values win. Where ``cloud`` / ``instance_type`` are not configured they are read from
 DMI (``/sys/class/dmi/id``), which identifies the big providers without any network call; ``virt``

@@ -1,4 +1,5 @@
-"""``gpuprobe install agent``: the hardened systemd unit, ``/etc/gpuprobe/agent.toml`` and the service user.
+"""Part: agent. ``gpuprobe install agent``: the hardened systemd unit, ``/etc/gpuprobe/agent.toml`` and the service
+user.
 
 Files (under ``--root DIR`` when staging an image or a test tree):
 
@@ -153,7 +154,7 @@ def render_config(values: dict[str, Any]) -> str:
 def render_agent_unit(values: dict[str, Any], executable: Path) -> str:
     stop_s = int(float(values["grace"])) + 20
     if values["broker"]:
-        from gpuprobe.agent.fleet import STOP_TIMEOUT_S
+        from gpuprobe.agent.embedded_control import STOP_TIMEOUT_S
 
         stop_s += int(STOP_TIMEOUT_S)  # the control plane stops first (a running probe's result)
     spec = UnitSpec(

@@ -1,4 +1,4 @@
-"""The agent's own counters, and an optional Prometheus endpoint that exposes them.
+"""Part: agent. The agent's own counters, and an optional Prometheus endpoint that exposes them.
 
 Counters are plain integers behind one lock, incremented by the sampler thread and the event loop;
 the Prometheus collector reads them only when scraped, so an agent without ``--metrics-listen``

@@ -1,4 +1,4 @@
-"""Which pod holds which GPU: the kubelet's pod-resources API, asked every ``--pod-resources-interval``.
+"""Part: agent. Which pod holds which GPU: the kubelet's pod-resources API, asked every ``--pod-resources-interval``.
 
 The kubelet serves ``v1.PodResourcesLister`` (gRPC) on a unix socket
 (``/var/lib/kubelet/pod-resources/kubelet.sock``); its ``List`` names, per pod and container, the

@@ -1,4 +1,4 @@
-"""The GPUs' newest readings for Prometheus, under dcgm-exporter's names (``--prometheus-listen``).
+"""Part: agent. The GPUs' newest readings for Prometheus, under dcgm-exporter's names (``--prometheus-listen``).
 
 Nothing is done per tick: a scrape renders the page from what the sampler already keeps (its last
 tick's samples, the last sample of each GPU that carried PCIe and health fields, which come less

@@ -1,4 +1,4 @@
-"""The resolution policy: which GPU samples ship at full rate, which as per-interval aggregates.
+"""Part: agent. The resolution policy: which GPU samples ship at full rate, which as per-interval aggregates.
 
 ``auto`` (the default): outside a high-resolution window every GPU's samples of one
 ``aggregate_interval_s`` (1 s) become one ``GpuAggregate`` (mean, min, max and last of each per-tick

@@ -1,4 +1,5 @@
-"""The sampling: GPUs every ``interval_s`` (10 Hz by default, up to 50 Hz), host and acoustics every second.
+"""Part: agent. The sampling: GPUs every ``interval_s`` (10 Hz by default, up to 50 Hz), host and acoustics every
+second.
 
 The per-tick GPU reads are the native sampler's (:mod:`gpuprobe.nvml.native`, a C thread started through
 :meth:`GpuSensor.start_sampling`): tick ``n`` is due at ``t0 + n·interval`` on the monotonic clock,
@@ -111,7 +112,7 @@ class Sampler:
         self._realtime_said: bool | None = None
         self._taken = 0  # samples taken since the counters were last updated (once per second)
         # the newest tick's GPU samples, at most a second old (replaced, never changed, so other threads may
-        # read it: the embedded control plane reads power, temperature and energy from it, gpuprobe.agent.fleet)
+        # read it: the embedded control plane, gpuprobe.agent.embedded_control, reads power, temperature and energy)
         self.latest: list[dict[str, Any]] = []
         # the GPU samples of the last two drains' ticks, oldest first (replaced, never changed): every tick
         # of a probe's window for the embedded control plane, which polls more often than the drains come

@@ -1,4 +1,4 @@
-"""The agent process: wires sensors -> sampler -> batcher -> spool -> uplink, and speaks to systemd.
+"""Part: agent. The agent process: wires sensors -> sampler -> batcher -> spool -> uplink, and speaks to systemd.
 
 Threads: the sampler (its own thread, the hot path), the GPU events thread (NVML's event set:
 XIDs, ECC; started and stopped with the sampler), the spool (one executor thread, SQLite), an
@@ -16,7 +16,7 @@ Life cycle:
    then stop sampling, spool the last partial batch, keep delivering for up to ``--grace`` seconds,
    half-close the stream; whatever is unacknowledged stays in the spool for the next start.
 
-With ``--broker`` the fleet control plane (:mod:`gpuprobe.agent.fleet`) runs as one more task of the
+With ``--broker`` the fleet control plane (:mod:`gpuprobe.agent.embedded_control`) runs as one more task of the
 event loop, with the agent's identity, trainer socket, uplink state and GPU samples.
 """
 
@@ -54,7 +54,7 @@ from gpuprobe.systemd import Notifier, watchdog_interval_s
 from gpuprobe.v1 import common_pb2, telemetry_pb2
 
 if TYPE_CHECKING:
-    from gpuprobe.agent.fleet import EmbeddedControl
+    from gpuprobe.agent.embedded_control import EmbeddedControl
 
 log = logging.getLogger("gpuprobe.agent")
 
@@ -139,7 +139,7 @@ class Agent:
         sampler = self._build_pipeline(gpus, mic, native)
         control: EmbeddedControl | None = None
         if s.control is not None:
-            from gpuprobe.agent.fleet import AgentGpus, EmbeddedControl
+            from gpuprobe.agent.embedded_control import AgentGpus, EmbeddedControl
 
             try:
                 control = EmbeddedControl(

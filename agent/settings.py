@@ -1,4 +1,5 @@
-"""The agent's configuration, validated once at start (bad values fail fast with a message naming the option)."""
+"""Part: agent. The agent's configuration, validated once at start (bad values fail fast with a message naming the
+option)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ class AgentSettings:
     prometheus_listen: tuple[str, int] | None = None  # the GPU readings under dcgm-exporter's names
     pod_resources_socket: Path | None = None
     pod_resources_interval_s: float = 10.0
-    control: ControlSettings | None = None  # --broker: the embedded control plane (gpuprobe.agent.fleet)
+    control: ControlSettings | None = None  # --broker: the embedded control plane (gpuprobe.agent.embedded_control)
 
     @classmethod
     def from_values(cls, v: dict[str, Any], *, missing_files_ok: bool = False) -> AgentSettings:
@@ -390,7 +391,7 @@ def _control_settings(
         agent_socket=trainer_socket.absolute(),
         retry_prefix=RETRY_PREFIX,
         telemetry_interval_s=interval_s,
-        sample_interval_s=interval_s,  # the probe reads the agent's own samples (gpuprobe.agent.fleet)
+        sample_interval_s=interval_s,  # the probe reads the agent's own samples (gpuprobe.agent.embedded_control)
         missing_files_ok=missing_files_ok,
     )
     return control, trainer_socket

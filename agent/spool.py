@@ -1,4 +1,4 @@
-"""The durable spool: every batch is in SQLite before it is sent, and leaves only when acknowledged.
+"""Part: agent. The durable spool: every batch is in SQLite before it is sent, and leaves only when acknowledged.
 
 Format (``<spool dir>/spool.sqlite3``, SQLite with a rollback journal, ``synchronous=FULL``)::
 

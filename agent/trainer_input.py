@@ -1,4 +1,4 @@
-"""The trainer socket: a local unix stream socket where the trainer on this node reports its progress.
+"""Part: agent. The trainer socket: a local unix stream socket where the trainer on this node reports its progress.
 
 The trainer writes JSON lines (one object per line, UTF-8, at most 64 KiB); each becomes a
 ``TrainerSample`` or ``ProbeEvent`` in the same batches as the node's other samples. The format is

@@ -1,4 +1,4 @@
-"""The uplink: the spool's batches over ``TelemetryService.Stream`` to a collector (docs/wire.md).
+"""Part: agent. The uplink: the spool's batches over ``TelemetryService.Stream`` to a collector (docs/wire.md).
 
 One session is one bidirectional stream to one collector::
 

@@ -1,4 +1,4 @@
-"""``python -m gpuprobe.app``: the ``gpuprobe`` command without its console script (top floor)."""
+"""Part: top. ``python -m gpuprobe.app``: the ``gpuprobe`` command without its console script (top floor)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""The one ``gpuprobe`` command (the entry point). Each part lists its sub-commands as
+"""Part: top. The one ``gpuprobe`` command (the entry point). Each part lists its sub-commands as
 :class:`~gpuprobe.config.Command` objects in its ``cli`` module; this module collects and dispatches them.
 
 Nothing but the entry point (``app/__main__.py``, the ``gpuprobe`` script) imports this module:

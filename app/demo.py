@@ -1,4 +1,4 @@
-"""``gpuprobe demo``: the whole system on one machine, with simulated GPUs, ending in a model report.
+"""Part: top. ``gpuprobe demo``: the whole system on one machine, with simulated GPUs, ending in a model report.
 
 In a temporary directory it starts a real InfluxDB and a real Mosquitto, a collector (TLS and a
 bearer token per agent), and two simulated nodes of four GPUs each (``gpuprobe sim run … --

@@ -1,4 +1,5 @@
-"""The central collector: auth -> validate -> encode (line protocol) -> WAL -> ack; WAL -> sink -> InfluxDB.
+"""Part: collector. The central collector: auth -> validate -> encode (line protocol) -> WAL -> ack; WAL -> sink ->
+InfluxDB.
 
 Modules, in the order data flows through them (docs/architecture.md, docs/operations.md, docs/schema.md):
 

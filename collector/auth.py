@@ -1,4 +1,4 @@
-"""Who may send: mutual TLS and/or per-agent bearer tokens, checked when a stream starts.
+"""Part: collector. Who may send: mutual TLS and/or per-agent bearer tokens, checked when a stream starts.
 
 * **Mutual TLS** (``--tls-client-ca``): the TLS handshake itself refuses a client without a
   certificate from that CA, before any RPC exists; such a client sees ``UNAVAILABLE`` with a

@@ -1,4 +1,4 @@
-"""``gpuprobe certs``: the certificates and tokens a TLS set-up needs, in one folder.
+"""Part: collector. ``gpuprobe certs``: the certificates and tokens a TLS set-up needs, in one folder.
 
 A CA; one server certificate for the names clients connect to, used by the collector (and by
 Mosquitto and InfluxDB where they run on the same host); one client certificate and one bearer token

@@ -1,4 +1,5 @@
-"""``gpuprobe collector`` and ``gpuprobe install collector``: their options (flags, ``GPUPROBE_*``, TOML)."""
+"""Part: collector. ``gpuprobe collector`` and ``gpuprobe install collector``: their options (flags, ``GPUPROBE_*``,
+TOML)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A node's clock offset: measured at its stream's Hello, taken out of its batches' timestamps.
+"""Part: collector. A node's clock offset: measured at its stream's Hello, taken out of its batches' timestamps.
 
 A node whose time synchronisation failed (a dead RTC battery, a VM resumed from suspension) stamps
 its samples minutes or hours off; refused as out of range, its telemetry would be lost exactly when

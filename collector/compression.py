@@ -1,4 +1,4 @@
-"""gzip for the WAL rows and the write requests: ISA-L when installed (several times faster than zlib
+"""Part: collector. gzip for the WAL rows and the write requests: ISA-L when installed (several times faster than zlib
 at level 1, and smaller output), zlib otherwise. Both write and read the standard gzip format."""
 
 from __future__ import annotations

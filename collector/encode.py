@@ -1,4 +1,4 @@
-"""Samples to InfluxDB line protocol, exactly (the storage schema is docs/schema.md).
+"""Part: collector. Samples to InfluxDB line protocol, exactly (the storage schema is docs/schema.md).
 
 How each name and value is escaped and formatted is :mod:`gpuprobe.influx.lineprotocol`'s job (the
 one writer gpuprobe has); this module decides which samples and values become which lines, and

@@ -1,4 +1,5 @@
-"""``gpuprobe install collector``: the hardened systemd unit, ``/etc/gpuprobe/collector.toml`` and the user.
+"""Part: collector. ``gpuprobe install collector``: the hardened systemd unit, ``/etc/gpuprobe/collector.toml`` and the
+user.
 
 Files (under ``--root DIR`` when staging an image or a test tree):
 

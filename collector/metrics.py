@@ -1,4 +1,4 @@
-"""The collector's Prometheus metrics (``--metrics-listen``); docs/operations.md lists them.
+"""Part: collector. The collector's Prometheus metrics (``--metrics-listen``); docs/operations.md lists them.
 
 Each :class:`Metrics` has its own registry, so several collectors can live in one process (tests).
 """

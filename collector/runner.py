@@ -1,4 +1,4 @@
-"""Running the collector: one process (:class:`Collector`), or ``--workers N`` processes on one port.
+"""Part: collector. Running the collector: one process (:class:`Collector`), or ``--workers N`` processes on one port.
 
 With ``--workers N`` the main process forks N workers *before* anything of gRPC exists (gRPC
 cannot survive a fork); each binds the same port with ``SO_REUSEPORT`` (the kernel spreads agent

@@ -1,4 +1,4 @@
-"""The gRPC side: ``gpuprobe.v1.TelemetryService.Stream`` served with ``grpc.aio``.
+"""Part: collector. The gRPC side: ``gpuprobe.v1.TelemetryService.Stream`` served with ``grpc.aio``.
 
 One stream per agent connection (docs/wire.md): credentials are checked before anything is read
 (:mod:`.auth`), the first message must be a ``Hello`` (checked by :mod:`.validate`), then batches are

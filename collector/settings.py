@@ -1,4 +1,5 @@
-"""The collector's settings (:class:`CollectorSettings`, built from its options in ``collector/cli.py``),
+"""Part: collector. The collector's settings (:class:`CollectorSettings`, built from its options in
+``collector/cli.py``),
 checked once at start (fail fast, never after)."""
 
 from __future__ import annotations

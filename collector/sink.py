@@ -1,4 +1,4 @@
-"""Drains the WAL into InfluxDB: batches of about 5 000 lines, gzip, several requests in flight.
+"""Part: collector. Drains the WAL into InfluxDB: batches of about 5 000 lines, gzip, several requests in flight.
 
 Every answer gets its meaning once (:func:`gpuprobe.influx.answers.classify`) and is handled so that
 nothing is lost and nothing loops forever:

@@ -1,4 +1,4 @@
-"""The collector's write-ahead log: encoded batches are durable here before an agent gets its ack.
+"""Part: collector. The collector's write-ahead log: encoded batches are durable here before an agent gets its ack.
 
 Format
 ------

@@ -1,4 +1,4 @@
-"""The agent's side of the control plane: presence, signed commands, probes, progress and results.
+"""Part: control. The agent's side of the control plane: presence, signed commands, probes, progress and results.
 
 :class:`ControlClient` is self-contained: an agent embeds it with one call in its event loop::
 
@@ -6,7 +6,7 @@
     client = ControlClient(settings, gpus=..., status=lambda: {...})
     task = asyncio.create_task(client.run())      # ... and on shutdown: client.request_stop(); await task
 
-``gpuprobe agent --broker URL`` does exactly that (``gpuprobe.agent.fleet``); ``gpuprobe
+``gpuprobe agent --broker URL`` does exactly that (``gpuprobe.agent.embedded_control``); ``gpuprobe
 control-agent`` runs it on its own, for hosts that run only the control plane (docs/control.md).
 
 Connection (aiomqtt 2.x has no automatic reconnect): connect with a retained ``LOST`` presence as
@@ -52,7 +52,7 @@ from gpuprobe.control import mqtt, replay, selector, signing, topics
 from gpuprobe.control.gpus import GpuHealthMap, GpuReader, SensorGpus, describe_health, health_name
 from gpuprobe.control.powerlimit import FILE_NAME as POWER_LIMITS_FILE
 from gpuprobe.control.powerlimit import PowerLimitRefused, PowerLimits, parse_limit
-from gpuprobe.control.probe import PointLimit, ProbePlan, ProbeRun, limit_label
+from gpuprobe.control.probe_run import PointLimit, ProbePlan, ProbeRun, limit_label
 from gpuprobe.control.settings import MAX_STUDY_POINTS, ControlSettings
 from gpuprobe.v1 import common_pb2, control_pb2
 

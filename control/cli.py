@@ -1,4 +1,5 @@
-"""``gpuprobe probe start|status|results|cancel|keygen``, ``gpuprobe fleet`` and ``gpuprobe control-agent``.
+"""Part: control. ``gpuprobe probe start|status|results|cancel|keygen``, ``gpuprobe fleet`` and ``gpuprobe
+control-agent``.
 
 Imported by every ``gpuprobe`` invocation to list the commands: MQTT, cryptography and NVML load
 only when a command runs.

@@ -1,4 +1,4 @@
-"""What the control plane reads of this node's GPUs, through the GPU sensor of ``gpuprobe/nvml/``.
+"""Part: control. What the control plane reads of this node's GPUs, through the GPU sensor of ``gpuprobe/nvml/``.
 
 What a probe result needs: the GPUs' static description for the presence message, and readings of
 power (W), temperature (°C) and the energy counter (J) to compute energy per sample, mean and peak
@@ -10,7 +10,7 @@ A reading the GPU does not support is ``None`` (absent), never 0.
 place, ``gpuprobe.nvml.sensor`` (the NVML boundary below the agent and the control plane, so
 neither imports the other to read a GPU): ``gpuprobe agent
 --broker`` passes an adapter over the samples its own sampler already takes
-(``gpuprobe.agent.fleet.AgentGpus``), so NVML is read once; ``gpuprobe control-agent``, which runs
+(``gpuprobe.agent.embedded_control.AgentGpus``), so NVML is read once; ``gpuprobe control-agent``, which runs
 without the agent, opens the same sensor for itself (:class:`SensorGpus`).
 
 Health (:meth:`GpuReader.health`): each GPU's verdict as ``{index: (GpuHealth value, reason)}``, the
@@ -163,7 +163,7 @@ class SensorGpus:
                 self._health = {**self._health, index: verdict}  # replaced, never changed
 
 
-class Sampler:
+class ReadingRecorder:
     """Reads some GPUs every ``interval_s`` in a thread, keeping every reading, until stopped."""
 
     def __init__(self, gpus: GpuReader, indices: list[int], interval_s: float = 0.1) -> None:

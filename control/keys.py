@@ -1,4 +1,4 @@
-"""Operator keys: Ed25519 key pairs that sign probe commands, and the agents' trust list.
+"""Part: control. Operator keys: Ed25519 key pairs that sign probe commands, and the agents' trust list.
 
 Files (PEM, as ``openssl pkey`` reads them):
 

@@ -1,4 +1,4 @@
-"""Connecting to the MQTT broker: URL, user name and password, TLS, and clear errors.
+"""Part: control. Connecting to the MQTT broker: URL, user name and password, TLS, and clear errors.
 
 ``--broker mqtt://HOST[:PORT]`` (plain, port 1883) or ``mqtts://HOST[:PORT]`` (TLS, port 8883).
 TLS verifies the broker's certificate against ``--mqtt-ca`` (or the system's roots) and presents a

@@ -1,4 +1,5 @@
-"""The operator's side of the control plane: sign and publish commands, read presence, progress and results.
+"""Part: control. The operator's side of the control plane: sign and publish commands, read presence, progress and
+results.
 
 All reads rely on retained messages (presence, progress, results), so a command run at any time
 sees the current state: it subscribes, collects what the broker holds until the stream has been

@@ -1,4 +1,4 @@
-"""GPU power limits as a probe parameter (docs/control.md, "Power limits").
+"""Part: control. GPU power limits as a probe parameter (docs/control.md, "Power limits").
 
 A probe (a study point) may ask for a GPU power limit, as a percentage of the GPU's *maximum* limit
 (``60%``) or in watts (``250W``). The agent sets it through NVML

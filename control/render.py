@@ -1,4 +1,4 @@
-"""Tables and JSON for the operator commands (plain text: what a terminal and a log both read)."""
+"""Part: control. Tables and JSON for the operator commands (plain text: what a terminal and a log both read)."""
 
 from __future__ import annotations
 

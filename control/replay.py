@@ -1,4 +1,4 @@
-"""The agent's replay memory: ids of commands already seen, kept until each command expires.
+"""Part: control. The agent's replay memory: ids of commands already seen, kept until each command expires.
 
 Stored as one small JSON file (``seen-commands.json`` in the control agent's state directory),
 rewritten atomically (temporary file, fsync, rename) *before* the agent acts on a command, so an

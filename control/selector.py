@@ -1,4 +1,4 @@
-"""Which agents a probe runs on: the ``--nodes`` syntax and ``NodeSelector`` matching.
+"""Part: control. Which agents a probe runs on: the ``--nodes`` syntax and ``NodeSelector`` matching.
 
 ``--nodes`` is a comma-separated list of terms:
 

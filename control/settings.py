@@ -1,4 +1,4 @@
-"""The agent side of the control plane: its options, and the :class:`ControlSettings` built from them.
+"""Part: control. The agent side of the control plane: its options, and the :class:`ControlSettings` built from them.
 
 Two commands run the agent side: ``gpuprobe control-agent`` (on its own, ``control/cli.py``) and
 ``gpuprobe agent --broker`` (embedded, ``agent/cli.py``, ``agent/settings.py``); ``gpuprobe install

@@ -1,4 +1,4 @@
-"""Signing and checking probe commands (docs/wire.md, "Commands"; docs/control.md).
+"""Part: control. Signing and checking probe commands (docs/wire.md, "Commands"; docs/control.md).
 
 The operator serializes a ``Command`` once and signs exactly those bytes with Ed25519; the agent
 verifies the signature over the bytes as received, *before* parsing them, and never re-serializes.

@@ -1,4 +1,4 @@
-"""The MQTT topics of the control plane (contract: proto/gpuprobe/v1/control.proto, docs/wire.md).
+"""Part: control. The MQTT topics of the control plane (contract: proto/gpuprobe/v1/control.proto, docs/wire.md).
 
 =============================================  ===============  ===  ========  ===================
 topic                                          payload          QoS  retained  publisher

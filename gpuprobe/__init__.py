@@ -1,4 +1,4 @@
-"""gpuprobe: distributed GPU telemetry.
+"""Part: core. gpuprobe: distributed GPU telemetry.
 
 Sub-packages: ``gpuprobe.sim`` (simulated GPUs at the NVML interface), ``gpuprobe.agent``,
 ``gpuprobe.collector``, ``gpuprobe.trainer``; ``gpuprobe.v1`` is the generated wire contract.

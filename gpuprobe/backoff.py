@@ -1,4 +1,4 @@
-"""Capped exponential backoff with jitter, for every retry loop in gpuprobe.
+"""Part: core. Capped exponential backoff with jitter, for every retry loop in gpuprobe.
 
 Each pause is drawn uniformly from the upper half of its ceiling ("equal jitter"): the ceiling
 starts at ``initial_s`` and doubles after each failure up to ``max_s``; :meth:`Backoff.reset` after

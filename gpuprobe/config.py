@@ -1,4 +1,4 @@
-"""Options that come from a TOML file, ``GPUPROBE_*`` environment variables and flags.
+"""Part: core. Options that come from a TOML file, ``GPUPROBE_*`` environment variables and flags.
 
 Each command declares its options once (:class:`Option`) in its :class:`Command`; the parts' CLI
 modules list their commands and ``gpuprobe.app.cli`` (the entry point) dispatches them. Both classes live

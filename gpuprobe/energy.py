@@ -1,5 +1,5 @@
-"""Ground floor: a GPU's energy over a window of time, the one formula that ``probe results`` (the agent),
-``gpuprobe model`` and ``study report`` share.
+"""Part: core (ground floor). A GPU's energy over a window of time, the one formula that ``probe results``
+(the agent), ``gpuprobe model`` and ``study report`` share.
 
 Energy comes from NVML's energy counter (``energy_j``, mJ since the driver loaded, so it integrates
 *every* tick of power, including those between the agent's samples). Differences of consecutive readings

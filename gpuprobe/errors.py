@@ -1,4 +1,4 @@
-"""The one exception tree of gpuprobe: every exception class gpuprobe defines derives from
+"""Part: core. The one exception tree of gpuprobe: every exception class gpuprobe defines derives from
 :class:`GpuprobeError` through one of four kinds, so a caller can catch by kind (``except
 ConfigError``) or everything of gpuprobe's (``except GpuprobeError``). A class keeps the built-in base
 it had before the tree (``ValueError``, ``RuntimeError``, ``LookupError``), because code catches some

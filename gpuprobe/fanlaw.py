@@ -1,4 +1,4 @@
-"""Part: ground floor (shared). The fan law: how a fan's A-weighted level follows its speed.
+"""Part: core (ground floor). The fan law: how a fan's A-weighted level follows its speed.
 
 ``L2 = L1 + FAN_LAW_DB_PER_DECADE·log10(n2/n1)``: sound power grows with the fifth power of fan speed
 (cpemma fan laws; Levitronix: +10 % speed ≈ +2 dB), 50 dB per decade of speed. The agent's acoustic

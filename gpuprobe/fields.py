@@ -1,4 +1,4 @@
-"""Part: ground floor (shared). The field catalogue: every field of the ``gpu`` measurement, declared once.
+"""Part: core (ground floor). The field catalogue: every field of the ``gpu`` measurement, declared once.
 
 For each field of ``GpuSample`` (proto/gpuprobe/v1/telemetry.proto, in its order) that becomes a field
 of ``gpu`` points (docs/schema.md): its InfluxDB type, its unit (as the schema writes it), whether it is

@@ -1,4 +1,4 @@
-"""Living with a full disk, for the two SQLite stores (the agent's spool, the collector's WAL).
+"""Part: core. Living with a full disk, for the two SQLite stores (the agent's spool, the collector's WAL).
 
 Both need to tell a full disk (which frees up by itself, so waiting or dropping old data is right)
 from an I/O error or a damaged file (which needs a reopen, a restart or a person).

@@ -1,4 +1,4 @@
-"""X.509 certificates for gpuprobe's TLS: a CA, server certificates and client certificates.
+"""Part: core. X.509 certificates for gpuprobe's TLS: a CA, server certificates and client certificates.
 
 The one place certificates are made (with ``cryptography``): ``gpuprobe certs`` writes a set for a
 trial or a small fleet, and the development servers' throw-away PKI

@@ -1,4 +1,4 @@
-"""systemd integration shared by the agent and the collector: hardened units and ``sd_notify``.
+"""Part: core. systemd integration shared by the agent and the collector: hardened units and ``sd_notify``.
 
 ``render_unit`` writes the unit text for ``gpuprobe install agent|collector``; ``Notifier`` speaks the
 notify protocol (READY=1, WATCHDOG=1, STATUS=..., STOPPING=1) over the datagram socket that systemd

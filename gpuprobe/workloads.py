@@ -1,4 +1,4 @@
-"""Part: ground floor (shared). The built-in workloads and their presets, without importing torch.
+"""Part: workloads (ground floor). The built-in workloads and their presets, without importing torch.
 
 The trainer runs them, the simulator's performance model prices them, and the control plane and
 studies name them; all four read this one list, so it sits below them all. The control plane

@@ -1,4 +1,4 @@
-"""``gpuprobe import nvidia-smi FILE…``: existing GPU logs become ``gpu`` points (docs/schema.md).
+"""Part: importer. ``gpuprobe import nvidia-smi FILE…``: existing GPU logs become ``gpu`` points (docs/schema.md).
 
 Reads the CSV of ``nvidia-smi --query-gpu=… --format=csv[,nounits]``, the output of
 ``nvidia-smi dmon`` and, with a column mapping, any other CSV of GPU readings; converts every value

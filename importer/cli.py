@@ -1,4 +1,4 @@
-"""``gpuprobe import nvidia-smi FILE…`` and ``gpuprobe import amd-smi FILE…``: the commands around
+"""Part: importer. ``gpuprobe import nvidia-smi FILE…`` and ``gpuprobe import amd-smi FILE…``: the commands around
 :class:`gpuprobe.importer.run.Importer`.
 
 The ``--influx-*`` options are ``gpuprobe model``'s own declarations (the operator's machine talks to

@@ -1,4 +1,4 @@
-"""The formats ``gpuprobe import nvidia-smi`` reads, and how each value becomes a ``gpu`` field.
+"""Part: importer. The formats ``gpuprobe import nvidia-smi`` reads, and how each value becomes a ``gpu`` field.
 
 Five kinds of file, told apart by their first line (:func:`open_source`):
 

@@ -1,4 +1,4 @@
-"""The progress of a long import on stderr: rows done of the total, the share, the rate.
+"""Part: importer. The progress of a long import on stderr: rows done of the total, the share, the rate.
 
 On a terminal one line is redrawn (``\\r``) a few times a second; otherwise (a log file, a pipe) a line
 is printed every 10 s or so. Nothing is shown for an import that ends within its first second, so

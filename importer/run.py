@@ -1,4 +1,4 @@
-"""The import: rows of the files → ``gpu`` points → InfluxDB in batches, and the summary.
+"""Part: importer. The import: rows of the files → ``gpu`` points → InfluxDB in batches, and the summary.
 
 Each point carries the tags of docs/schema.md's ``gpu`` measurement (``host``, ``gpu``, ``uuid`` when
 known, ``model``, ``cluster`` when given) plus ``source=import``, so imported data can always be told

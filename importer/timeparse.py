@@ -1,4 +1,4 @@
-"""Times in the logs: time zones, timestamps to exact ns since the epoch, ``--freeze-after`` durations.
+"""Part: importer. Times in the logs: time zones, timestamps to exact ns since the epoch, ``--freeze-after`` durations.
 
 nvidia-smi writes ``YYYY/MM/DD HH:MM:SS.mmm``: the machine's local time, without a zone. Such a time
 is read in the zone given by ``--timezone`` (UTC by default; an IANA name such as ``Europe/Berlin`` or a

@@ -1,4 +1,4 @@
-"""``gpuprobe model``: thermal, acoustic and efficiency models fitted from the telemetry in InfluxDB.
+"""Part: model. ``gpuprobe model``: thermal, acoustic and efficiency models fitted from the telemetry in InfluxDB.
 
 One call does it all (the CLI and the demo use it)::
 

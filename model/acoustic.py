@@ -1,4 +1,4 @@
-"""Acoustic levels (the agent's proxy estimate) and their calibration against a microphone.
+"""Part: model. Acoustic levels (the agent's proxy estimate) and their calibration against a microphone.
 
 Levels are averaged *energetically*, ``L̄ = 10·log10(mean(10^(L/10)))`` (the same summation as
 for several sources, cpemma "Multiple fans total dB"), because the arithmetic mean of decibels

@@ -1,4 +1,4 @@
-"""From a :class:`~gpuprobe.model.data.Dataset` to every fitted and derived number (:class:`Results`).
+"""Part: model. From a :class:`~gpuprobe.model.data.Dataset` to every fitted and derived number (:class:`Results`).
 
 Per GPU: the thermal fits (:mod:`.thermal`), the predicted steady temperature at the power limit and
 the headroom to the slowdown threshold, time throttled, the proxy level (:mod:`.acoustic`) and the

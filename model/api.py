@@ -1,4 +1,4 @@
-"""The one-call API of ``gpuprobe.model`` (re-exported lazily by the package)."""
+"""Part: model. The one-call API of ``gpuprobe.model`` (re-exported lazily by the package)."""
 
 from __future__ import annotations
 

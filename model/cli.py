@@ -1,4 +1,4 @@
-"""``gpuprobe model``: the command around :func:`gpuprobe.model.run`."""
+"""Part: model. ``gpuprobe model``: the command around :func:`gpuprobe.model.run`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a model run reads from InfluxDB: the window (a probe and its phases, or a time range) and the
+"""Part: model. What a model run reads from InfluxDB: the window (a probe and its phases, or a time range) and the
 series of the ``gpu``, ``acoustic`` and ``trainer`` measurements in it (storage schema: docs/schema.md),
 and the GPUs' own slowdown thresholds: the latest ``gpu_info`` point of each GPU at or before the
 window's end.

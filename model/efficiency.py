@@ -1,4 +1,4 @@
-"""Efficiency of one GPU over a probe: throughput, power, energy, and what the energy costs.
+"""Part: model. Efficiency of one GPU over a probe: throughput, power, energy, and what the energy costs.
 
 Energy over a window is :mod:`gpuprobe.energy`'s (NVML's counter with resets bridged, interpolated at
 the window's edges; ``∫P dt`` without a counter), the same formula as ``probe results`` and

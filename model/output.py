@@ -1,4 +1,4 @@
-"""The results as JSON, as ``model`` points for InfluxDB, and as the terminal's summary table.
+"""Part: model. The results as JSON, as ``model`` points for InfluxDB, and as the terminal's summary table.
 
 ``model`` points (storage schema: tags ``probe``, ``host``, ``gpu``, ``kind``; the node's points have
 no ``gpu`` tag) carry the window's end as their timestamp, so running the model again on the same

@@ -1,4 +1,5 @@
-"""``gpuprobe model predict``: a fitted model (the JSON ``gpuprobe model`` writes) applied to another window,
+"""Part: model. ``gpuprobe model predict``: a fitted model (the JSON ``gpuprobe model`` writes) applied to another
+window,
 or asked for the steady temperature at a given power (docs/models.md, "Predicting with a fitted model").
 
 **Another window.** Each GPU's chosen output-error model (``thermal.fitted``) is driven by the window's

@@ -1,4 +1,4 @@
-"""The self-contained HTML report: matplotlib PNGs embedded as base64, a table for every number.
+"""Part: model. The self-contained HTML report: matplotlib PNGs embedded as base64, a table for every number.
 
 Nothing is loaded from the network (no scripts, fonts or styles from elsewhere), so the file can be
 mailed, archived or opened on an air-gapped machine. Plots: per node the temperature of each GPU

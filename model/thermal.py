@@ -1,4 +1,4 @@
-"""Thermal models of one GPU: the output-error stage models (:mod:`.thermal_stages`, chosen by their
+"""Part: model. Thermal models of one GPU: the output-error stage models (:mod:`.thermal_stages`, chosen by their
 error on held-out data) and two first-order second opinions, the step fit and the ARX fit.
 
 The reported model (``ThermalFit.rc``, ``model``, ``stages``, ``inlet``) is the output-error model

@@ -1,4 +1,4 @@
-"""Output-error fits of multi-stage thermal models, chosen by their error on held-out data.
+"""Part: model. Output-error fits of multi-stage thermal models, chosen by their error on held-out data.
 
 Models (all driven by the measured power, every stage a first-order lag advanced by its exact
 discrete solution ``x <- R·P + (x - R·P)·exp(-Δt/τ)`` with the input held over the step)::

@@ -1,1 +1,1 @@
-"""Simulated GPUs at the NVML C interface (libnvidia-ml.so.1)."""
+"""Part: sim. Simulated GPUs at the NVML C interface (libnvidia-ml.so.1)."""

@@ -1,4 +1,4 @@
-"""Compiles the simulator library (``libnvidia-ml.so.1``) with the machine's C compiler.
+"""Part: sim. Compiles the simulator library (``libnvidia-ml.so.1``) with the machine's C compiler.
 
 ``make sim`` calls ``python -m gpuprobe.sim.build``; ``gpuprobe sim run`` calls :func:`ensure_library`
 so an installed gpuprobe builds it on first use. The output is keyed by a hash of the source and

@@ -1,4 +1,4 @@
-"""``gpuprobe sim run|profiles|load|fail``."""
+"""Part: sim. ``gpuprobe sim run|profiles|load|fail``."""
 
 from __future__ import annotations
 

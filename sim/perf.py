@@ -1,4 +1,4 @@
-"""The simulator's performance model: the ground truth for training throughput on a simulated GPU.
+"""Part: sim. The simulator's performance model: the ground truth for training throughput on a simulated GPU.
 
 Throughput produced by the simulator is *simulated*, never a measurement. It follows from three
 things (docs/simulator.md, "Performance model", has the equations and the calibration table):

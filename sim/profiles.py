@@ -1,4 +1,4 @@
-"""GPU profiles for the simulator: real datasheet figures plus the documented thermal ground truth.
+"""Part: sim. GPU profiles for the simulator: real datasheet figures plus the documented thermal ground truth.
 
 Identity, memory, power limits, clocks, temperature thresholds, peak fp16 tensor throughput and
 memory bandwidth are the figures the real parts report (NVIDIA datasheets and public

@@ -1,4 +1,4 @@
-"""Runs a command against simulated GPUs.
+"""Part: sim. Runs a command against simulated GPUs.
 
 glibc reads ``LD_LIBRARY_PATH`` only when a process starts, and pynvml loads exactly
 ``libnvidia-ml.so.1``, so the simulator has to be in the environment of a *new* process: this module

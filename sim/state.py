@@ -1,4 +1,4 @@
-"""The simulator's state directory: the one place the C library and Python agree on.
+"""Part: sim. The simulator's state directory: the one place the C library and Python agree on.
 
 Layout (all text, so a person can read it)::
 

@@ -1,4 +1,5 @@
-"""The simulator's thermal physics in Python, operation for operation as ``sim/native/nvml_sim.c`` computes it.
+"""Part: sim. The simulator's thermal physics in Python, operation for operation as ``sim/native/nvml_sim.c`` computes
+it.
 
 Tests use it to know, exactly, what the C library reports and what a model fit should recover
 (docs/simulator.md, "Temperature"). It is the simulator's ground truth: model code (``gpuprobe.model``)

@@ -1,4 +1,4 @@
-"""``gpuprobe study``: one fleet probe whose steady phases run a matrix of points (workload x batch size x
+"""Part: study. ``gpuprobe study``: one fleet probe whose steady phases run a matrix of points (workload x batch size x
 power limit) on many nodes at once, and the report of what each point achieved (docs/studies.md).
 
 The report reads only InfluxDB (:mod:`.data`), computes with pure functions (:mod:`.analysis`) and

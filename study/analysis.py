@@ -1,4 +1,4 @@
-"""The maths of a study report: pure functions over plain data (no InfluxDB here; :mod:`.data` reads it).
+"""Part: study. The maths of a study report: pure functions over plain data (no InfluxDB here; :mod:`.data` reads it).
 
 A *study* is one fleet probe whose steady phases run a matrix of points (workload x batch size x power
 limit) on many nodes at once (docs/studies.md). From the ``probe`` events the steady window of each

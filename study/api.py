@@ -1,4 +1,4 @@
-"""The one-call API of ``gpuprobe study report`` (re-exported lazily by :mod:`gpuprobe.study`).
+"""Part: study. The one-call API of ``gpuprobe study report`` (re-exported lazily by :mod:`gpuprobe.study`).
 
 ::
 

@@ -1,4 +1,4 @@
-"""``gpuprobe study …``: the study commands. ``study report`` is the analysis (:func:`gpuprobe.study.run`).
+"""Part: study. ``gpuprobe study …``: the study commands. ``study report`` is the analysis (:func:`gpuprobe.study.run`).
 
 Each subcommand is one :class:`~gpuprobe.config.Command` named ``study.<name>`` in :data:`COMMANDS`
 (``app/cli.py`` registers the list); add a subcommand by appending to it. The ``--influx-*``

@@ -1,4 +1,4 @@
-"""What a study report reads from InfluxDB, with InfluxQL (storage schema: docs/schema.md).
+"""Part: study. What a study report reads from InfluxDB, with InfluxQL (storage schema: docs/schema.md).
 
 1. The study's ``probe`` events (``"probe" = <study id>``): the nodes' identity tags, the points of the
    matrix, each (host, GPU, point)'s steady window (:func:`gpuprobe.study.analysis.steady_windows`) and

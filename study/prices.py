@@ -1,4 +1,4 @@
-"""The prices file of ``gpuprobe study report --prices FILE``: what one node of each instance type costs.
+"""Part: study. The prices file of ``gpuprobe study report --prices FILE``: what one node of each instance type costs.
 
 A TOML file of one table, instance type = price per hour of the whole node in USD::
 

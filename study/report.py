@@ -1,4 +1,4 @@
-"""A study report as JSON, as the terminal's tables, as a self-contained HTML file with plots, and as
+"""Part: study. A study report as JSON, as the terminal's tables, as a self-contained HTML file with plots, and as
 ``model`` points (kind ``study``) for InfluxDB and the Grafana study dashboard.
 
 Wherever a figure derives from a throughput that the simulator's performance model produced (trainer

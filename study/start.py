@@ -1,4 +1,4 @@
-"""``gpuprobe study start``: the matrix of a study, as one signed ``ProbeStart`` with points.
+"""Part: study. ``gpuprobe study start``: the matrix of a study, as one signed ``ProbeStart`` with points.
 
 A study runs every combination of workload x power limit x batch size as consecutive points of one
 probe: every selected node runs the same point at the same time, each with a warm-up and a steady

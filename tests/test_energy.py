@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpuprobe.control.gpus import Reading
-from gpuprobe.control.probe import _mean_power, _metrics
+from gpuprobe.control.probe_run import _mean_power, _metrics
 from gpuprobe.energy import window_energy
 from gpuprobe.model.efficiency import GpuEfficiency, gpu_efficiency
 from gpuprobe.study.analysis import Measurement, WindowStats, window_stats

@@ -303,6 +303,20 @@ def test_no_cycles_between_packages(key: Callable[[str], str]) -> None:
     assert cycle is None, "import cycle between packages: " + " -> ".join(cycle or [])
 
 
+def test_each_module_says_its_part() -> None:
+    """A reader who opens any module learns which floor it is on: its docstring starts with
+    ``Part: NAME``, NAME a row of the table (the generated protobuf modules excepted)."""
+    wrong = []
+    for module, path in MODULES.items():
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        said = re.match(r"Part: (\w+)\b", docstring)
+        if said is None or said.group(1) != part_of(module):
+            wrong.append(f"{path.relative_to(ROOT)}: {docstring[:40]!r}, in part {part_of(module)!r}")
+    assert not wrong, "modules whose docstring does not start with 'Part: <its part>':\n" + "\n".join(wrong)
+
+
 def test_every_module_imports() -> None:
     names = sorted(m for m in MODULES if m != ENTRY_POINT)  # __main__ runs the CLI when imported
     code = textwrap.dedent(

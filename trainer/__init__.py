@@ -1,1 +1,1 @@
-"""The bundled PyTorch workloads, run in phases (docs/trainer.md)."""
+"""Part: trainer. The bundled PyTorch workloads, run in phases (docs/trainer.md)."""

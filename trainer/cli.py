@@ -1,4 +1,4 @@
-"""``gpuprobe train``: run one built-in workload locally, in phases.
+"""Part: trainer. ``gpuprobe train``: run one built-in workload locally, in phases.
 
 This module is imported by every ``gpuprobe`` invocation (to list the commands), so it imports
 neither torch nor the workloads: they load when the command runs.

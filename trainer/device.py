@@ -1,4 +1,4 @@
-"""Where a workload runs: ``--device auto|cpu|cuda[:N]``, real CUDA or a simulated GPU.
+"""Part: trainer. Where a workload runs: ``--device auto|cpu|cuda[:N]``, real CUDA or a simulated GPU.
 
 ==========  ======================================  =================================================
 ``--device``  CUDA available (torch)                  no CUDA

@@ -1,4 +1,5 @@
-"""The workloads' models, synthetic data and training steps (imports torch; see ``catalog`` for the list).
+"""Part: trainer. The workloads' models, synthetic data and training steps (imports torch; see ``catalog`` for the
+list).
 
 Every model is built from its configuration with random weights; nothing is downloaded. ``full``
 is the standard model (ResNet-50 v1.5: 25.6 M parameters, BERT-base: 110 M, GPT-2 small: 124 M);

@@ -1,4 +1,4 @@
-"""One training run in phases: idle baseline -> warm-up -> steady load -> cool-down.
+"""Part: trainer. One training run in phases: idle baseline -> warm-up -> steady load -> cool-down.
 
 Timeline (wall clock, ns since the Unix epoch; every boundary is reported with its timestamp)::
 
@@ -29,7 +29,7 @@ are the progress windows: step time and samples/s are real, not launch rates.
 
 Everything the run produces goes to ``emit`` as plain dicts (``type`` = ``phase``, ``progress``,
 ``result``): the CLI prints them, writes them as JSON lines for the control plane, and forwards
-them to the local agent's trainer socket (:mod:`gpuprobe.trainer.report`).
+them to the local agent's trainer socket (:mod:`gpuprobe.trainer.agent_socket`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 from gpuprobe import workloads
 from gpuprobe.errors import ServiceError
 from gpuprobe.trainer import device, simgpu
-from gpuprobe.trainer.report import AgentReporter, probe_event_line, progress_line
+from gpuprobe.trainer.agent_socket import AgentReporter, probe_event_line, progress_line
 
 log = logging.getLogger(__name__)
 

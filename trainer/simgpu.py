@@ -1,4 +1,4 @@
-"""Drives a simulated GPU's load, and reports its simulated progress, while the trainer runs its phases.
+"""Part: trainer. Drives a simulated GPU's load, and reports its simulated progress, while the trainer runs its phases.
 
 On a machine with simulated GPUs (``GPUPROBE_SIM_DIR`` set, see docs/simulator.md) there is no CUDA
 device to compute on: the trainer computes real steps of the real model on the CPU (with a small

@@ -1,1 +1,1 @@
-"""The agent's sensors: GPU (NVML), host (psutil, hwmon), acoustics (microphone and proxy)."""
+"""Part: agent. The agent's sensors: GPU (NVML), host (psutil, hwmon), acoustics (microphone and proxy)."""

@@ -1,4 +1,4 @@
-"""Microphone levels: IEC 61672-1 A-weighting, 1 s LAeq and fast (125 ms) LAF, through sounddevice.
+"""Part: agent. Microphone levels: IEC 61672-1 A-weighting, 1 s LAeq and fast (125 ms) LAF, through sounddevice.
 
 Signal chain (``LevelMeter``), for a mono stream of samples ``x`` in full-scale units (1.0 = full scale):
 

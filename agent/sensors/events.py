@@ -1,4 +1,4 @@
-"""GPU events: NVML's event set (XID, ECC, clock and power source changes) read in a thread of its own.
+"""Part: agent. GPU events: NVML's event set (XID, ECC, clock and power source changes) read in a thread of its own.
 
 :class:`EventThread` waits on one NVML event set (:meth:`GpuSensor.open_events
 <gpuprobe.nvml.sensor.GpuSensor.open_events>`: every known GPU, registered for the subset of

@@ -1,4 +1,4 @@
-"""Host sensor: the ``node`` measurement (CPU, memory, load, hwmon temperatures), read once per second.
+"""Part: agent. Host sensor: the ``node`` measurement (CPU, memory, load, hwmon temperatures), read once per second.
 
 CPU, memory and load come from psutil. hwmon temperatures are read from sysfs directly, the way
 ``psutil.sensors_temperatures`` does, but with the list of sensor files discovered once at start (a

@@ -1,4 +1,4 @@
-"""GPU processes: who runs on each GPU, their share of it and the energy attributed to them.
+"""Part: agent. GPU processes: who runs on each GPU, their share of it and the energy attributed to them.
 
 Fed once per health interval per GPU by the sampler with what the GPU sensor read
 (``nvmlDeviceGetComputeRunningProcesses``, ``nvmlDeviceGetProcessUtilization``) and that tick's

@@ -1,4 +1,4 @@
-"""The acoustic proxy: an *estimate* of each GPU's A-weighted noise from what NVML reports.
+"""Part: agent. The acoustic proxy: an *estimate* of each GPU's A-weighted noise from what NVML reports.
 
 Every value is stored with ``source=proxy`` so nobody mistakes it for a measurement.
 

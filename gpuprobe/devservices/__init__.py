@@ -1,4 +1,5 @@
-"""Real InfluxDB, Mosquitto and Prometheus servers on free ports, for tests, benchmarks and the demo."""
+"""Part: devservices. Real InfluxDB, Mosquitto and Prometheus servers on free ports, for tests, benchmarks and the
+demo."""
 
 from gpuprobe.devservices.errors import BinaryNotFoundError, DevServiceError, StartError
 from gpuprobe.devservices.influxdb import InfluxDBDatabase, InfluxDBError, InfluxDBServer, Series

@@ -1,4 +1,5 @@
-"""One server process: find its binary, start it on free ports, wait until it is ready, stop or kill it."""
+"""Part: devservices. One server process: find its binary, start it on free ports, wait until it is ready, stop or kill
+it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Headless Chromium (Debian's `chromium`), to check that pages such as the model report render."""
+"""Part: devservices. Headless Chromium (Debian's `chromium`), to check that pages such as the model report render."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A throw-away PKI for TLS and mutual-TLS tests (and the demo): a CA, a server and client certificates.
+"""Part: devservices. A throw-away PKI for TLS and mutual-TLS tests (and the demo): a CA, a server and client
+certificates.
 
 Made by :mod:`gpuprobe.pki` (what ``gpuprobe certs`` uses), valid for a day. ``make_pki`` also makes a
 second, unrelated CA with its own client certificate, to test that a certificate from the wrong CA

@@ -1,4 +1,4 @@
-"""A small real disk for fault tests: a tmpfs that fills up, and gets room again when resized.
+"""Part: devservices. A small real disk for fault tests: a tmpfs that fills up, and gets room again when resized.
 
 Mounting needs root (CI runs as root).
 """

@@ -1,4 +1,4 @@
-"""Errors raised by the development services."""
+"""Part: devservices. Errors raised by the development services."""
 
 from __future__ import annotations
 

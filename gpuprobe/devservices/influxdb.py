@@ -1,4 +1,4 @@
-"""A real InfluxDB 1.x (``influxd``) on free loopback ports, for tests, benchmarks and the demo.
+"""Part: devservices. A real InfluxDB 1.x (``influxd``) on free loopback ports, for tests, benchmarks and the demo.
 
 Talking to it is :mod:`gpuprobe.influx.client`'s job (the one InfluxDB client gpuprobe has);
 this module starts, stops and configures the server and offers that client's calls per database.

@@ -1,4 +1,4 @@
-"""A real Mosquitto 2.x MQTT broker on a free loopback port.
+"""Part: devservices. A real Mosquitto 2.x MQTT broker on a free loopback port.
 
 Readiness is checked with a real MQTT 3.1.1 CONNECT written with the standard library, so nothing beyond
 the ``mosquitto`` package is needed to run it.

@@ -1,4 +1,4 @@
-"""Free TCP ports on the loopback interface.
+"""Part: devservices. Free TCP ports on the loopback interface.
 
 A port found free here can be taken by another process before the server binds it. The servers in this
 package therefore look for "address already in use" when a start fails, and retry on fresh ports.

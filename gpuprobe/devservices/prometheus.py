@@ -1,4 +1,5 @@
-"""A real Prometheus 2.x server (Debian's ``prometheus``) on a free loopback port, scraping given targets.
+"""Part: devservices. A real Prometheus 2.x server (Debian's ``prometheus``) on a free loopback port, scraping given
+targets.
 
 Its data (``--storage.tsdb.path``) and generated config are under ``base_dir``; queries go through
 its HTTP API (``/api/v1/query``, ``/api/v1/label/NAME/values``) with the standard library.

@@ -1,4 +1,4 @@
-"""Everything gpuprobe says to InfluxDB, in one place: the collector's sink, ``gpuprobe model``, the
+"""Part: influx. Everything gpuprobe says to InfluxDB, in one place: the collector's sink, ``gpuprobe model``, the
 dashboards' tests and the development servers all use it.
 
 - :mod:`.lineprotocol`: writing points exactly (escaping, field values);

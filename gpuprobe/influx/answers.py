@@ -1,4 +1,4 @@
-"""What an InfluxDB answer means: the one place where status codes and error bodies are read.
+"""Part: influx. What an InfluxDB answer means: the one place where status codes and error bodies are read.
 
 :func:`classify` gives every write answer one :class:`Verdict`; :func:`error_text` pulls InfluxDB's
 own message out of an error body (``{"error": "..."}``, the ``X-Influxdb-Error`` header, or the

@@ -1,4 +1,4 @@
-"""A synchronous client of InfluxDB's v1 HTTP API (``/query``, ``/write``, ``/ping``) on httpx.
+"""Part: influx. A synchronous client of InfluxDB's v1 HTTP API (``/query``, ``/write``, ``/ping``) on httpx.
 
 InfluxDB 1.x serves this API, and 2.x and 3.x serve it for compatibility, so ``gpuprobe model`` and
 the development servers (:mod:`gpuprobe.devservices.influxdb`) reach every version with it. Every

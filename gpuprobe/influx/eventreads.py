@@ -1,4 +1,4 @@
-"""Reading the event measurements (``probe``, ``trainer``, ``gpu_info``, ``gpu_event``, ``model``:
+"""Part: influx. Reading the event measurements (``probe``, ``trainer``, ``gpu_info``, ``gpu_event``, ``model``:
 :data:`.retention.EVENT_MEASUREMENTS`) from every retention policy that keeps them.
 
 Where ``gpuprobe collector --init-db`` made the ``events`` policy, the collector and ``gpuprobe

@@ -1,4 +1,4 @@
-"""InfluxQL text and answers: quoting identifiers and string literals, and reading ``/query`` results.
+"""Part: influx. InfluxQL text and answers: quoting identifiers and string literals, and reading ``/query`` results.
 
 Queries are asked with ``epoch=ns`` and ``chunked=true`` (InfluxDB then streams one JSON document
 per chunk instead of cutting a large answer at ``max-row-limit``); :func:`parse_results` joins the

@@ -1,4 +1,4 @@
-"""InfluxDB line protocol, written exactly: the one place that knows how names and values are escaped.
+"""Part: influx. InfluxDB line protocol, written exactly: the one place that knows how names and values are escaped.
 
 A line is ``measurement,tag=value,... field=value,... timestamp_ns``. The rules (InfluxDB line
 protocol reference, checked against the real InfluxDB 1.6 in the tests):

@@ -1,4 +1,4 @@
-"""Retention policies and downsampling of an InfluxDB 1.x database: ``gpuprobe collector --init-db``.
+"""Part: influx. Retention policies and downsampling of an InfluxDB 1.x database: ``gpuprobe collector --init-db``.
 
 What :func:`init_db` sets up, idempotently (run it again: it changes only what differs, and says so):
 

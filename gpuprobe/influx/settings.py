@@ -1,4 +1,4 @@
-"""Where InfluxDB is and how to talk to it: one :class:`InfluxSettings` for the collector and the model.
+"""Part: influx. Where InfluxDB is and how to talk to it: one :class:`InfluxSettings` for the collector and the model.
 
 The field names are the collector's (``--influx-db`` is :attr:`InfluxSettings.database`,
 ``--influx-rp`` is :attr:`InfluxSettings.retention_policy`); ``gpuprobe model`` uses the v1 fields

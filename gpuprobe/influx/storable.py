@@ -1,4 +1,4 @@
-"""What InfluxDB line protocol can store, checked without writing anything (standard library only).
+"""Part: influx. What InfluxDB line protocol can store, checked without writing anything (standard library only).
 
 The writer (:mod:`.lineprotocol`) refuses what these checks refuse; they live apart from it because
 a GPU node checks its own identity labels with them (the collector's ``check_hello``) and has none

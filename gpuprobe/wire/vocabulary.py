@@ -3,7 +3,7 @@
 A trainer writes the names in its JSON lines (docs/trainer.md), the agent turns them into protobuf
 values (``agent/trainer_input.py``), the collector back into the ``phase``, ``status`` and ``kind``
 values of the points it writes (``collector/encode.py``, docs/schema.md), and the control plane
-into its progress messages (``control/probe.py``). One table each, so the ends cannot drift apart.
+into its progress messages (``control/probe_run.py``). One table each, so the ends cannot drift apart.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 from gpuprobe.agent.trainer_input import BadMessage, parse_line
 from gpuprobe.collector.encode import StreamEncoder
-from gpuprobe.trainer.report import probe_event_line, progress_line
+from gpuprobe.trainer.agent_socket import probe_event_line, progress_line
 from gpuprobe.v1 import telemetry_pb2
 from gpuprobe.wire.validate import Identity, Limits
 

@@ -360,10 +360,10 @@ def test_probe_points_go_to_the_events_policy_too_and_readers_still_find_them(
     from collector_helpers import collector_config, running
 
     from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
+    from gpuprobe.dashboards.grafana_health import XID_ANNOTATION
+    from gpuprobe.dashboards.grafana_parts import PHASE_ANNOTATION
     from gpuprobe.influx.retention import EVENTS_RP, events_policy, write_with_events
     from gpuprobe.model.data import find_probe
-    from gpuprobe.model.grafana_health import XID_ANNOTATION
-    from gpuprobe.model.grafana_parts import PHASE_ANNOTATION
 
     def send(probe: str, wal: str) -> dict[str, float]:
         config = collector_config(tmp_path / wal, influxdb.server.url, influxdb.name)

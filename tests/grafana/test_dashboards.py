@@ -32,9 +32,9 @@ from gpuhealth_fleet import HealthFleet
 from simprobe import ProbeRun
 from study_synthetic import H100, L4, StudyRun
 
+from gpuprobe.dashboards import grafana, grafana_parts
 from gpuprobe.devservices import InfluxDBError
 from gpuprobe.influx.retention import EVENT_MEASUREMENTS, EVENTS_RP, rp_variable_query
-from gpuprobe.model import grafana, grafana_parts
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
@@ -200,9 +200,9 @@ def test_the_rp_variable_picks_the_policy_by_the_length_of_the_range(rolled_up_p
 def test_committed_dashboards_are_what_the_generator_writes() -> None:
     rendered = grafana.render()
     committed = {p.name: p.read_text() for p in DASHBOARDS.glob("*.json")}
-    assert committed.keys() == rendered.keys(), "run: python -m gpuprobe.model.grafana"
+    assert committed.keys() == rendered.keys(), "run: python -m gpuprobe.dashboards.grafana"
     for file_name, text in rendered.items():
-        assert committed[file_name] == text, f"{file_name} is stale; run: python -m gpuprobe.model.grafana"
+        assert committed[file_name] == text, f"{file_name} is stale; run: python -m gpuprobe.dashboards.grafana"
 
 
 def test_dashboards_follow_the_query_conventions() -> None:

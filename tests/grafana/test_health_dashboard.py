@@ -22,9 +22,9 @@ import yaml
 from gpuhealth_fleet import FAIL_AT_S, FAULTY, XID_79, HealthFleet, write_health_fleet
 from test_dashboards import DASHBOARDS, PROVISIONING, panels_of, substitute, variable_combinations
 
+from gpuprobe.dashboards import grafana, grafana_health
 from gpuprobe.devservices import InfluxDBDatabase
 from gpuprobe.influx.retention import GPU_10S
-from gpuprobe.model import grafana, grafana_health
 
 ALERTING = PROVISIONING / "alerting"
 ROLLED_UP = {name for name, _, _ in GPU_10S}
@@ -169,7 +169,7 @@ def rules() -> dict[str, dict[str, Any]]:
 def test_committed_alert_rules_are_what_the_generator_writes() -> None:
     rendered = grafana_health.render_alerting(grafana.DASHBOARDS)
     committed = {p.name: p.read_text() for p in ALERTING.glob("*.yaml")}
-    assert committed == rendered, "stale; run: python -m gpuprobe.model.grafana"
+    assert committed == rendered, "stale; run: python -m gpuprobe.dashboards.grafana"
     # the YAML is exact
     assert yaml.safe_load(rendered[grafana_health.ALERTING_FILE]) == grafana_health.alerting(grafana.DASHBOARDS)
 

@@ -41,7 +41,7 @@ import pytest
 from gpuprobe.agent import health, resolution
 from gpuprobe.agent.sensors import events
 from gpuprobe.control import powerlimit
-from gpuprobe.model import grafana_parts
+from gpuprobe.dashboards import grafana_parts
 from gpuprobe.model import thermal as model_thermal
 from gpuprobe.nvml import errors as nvml_errors
 from gpuprobe.nvml import sensor

@@ -69,7 +69,7 @@ def test_every_line_is_valid_for_the_agents_parser(agent_socket: Any) -> None:
 
 
 def test_without_an_agent_the_run_succeeds_and_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="gpuprobe.trainer.report")
+    caplog.set_level(logging.WARNING, logger="gpuprobe.trainer.agent_socket")
     config = TrainSettings(
         workload="idle", size="tiny", device="cpu", duration_s=0.5, idle_baseline_s=0, warmup_s=0,
         cooldown_s=0, probe_id="p-1", agent_socket=tmp_path / "nobody.sock", progress_interval_s=0.1,

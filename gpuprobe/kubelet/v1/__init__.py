@@ -1,1 +1,2 @@
-"""The kubelet's pod-resources API v1, generated from proto/gpuprobe/kubelet/v1 (vendored; `make proto`)."""
+"""Part: kubelet. The kubelet's pod-resources API v1, generated from proto/gpuprobe/kubelet/v1 (vendored; `make
+proto`)."""

@@ -1,6 +1,6 @@
-"""The building blocks of the generated Grafana dashboards: the data source, the InfluxQL snippets, the
-template variables, the panel layout and the dashboard frame. ``model/grafana.py`` and
-``model/grafana_health.py`` build their dashboards from them (one place, no import between the two)."""
+"""Part: dashboards. The building blocks of the generated Grafana dashboards: the data source, the InfluxQL
+snippets, the template variables, the panel layout and the dashboard frame. ``dashboards/grafana.py`` and
+``dashboards/grafana_health.py`` build their dashboards from them (one place, no import between the two)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""One accepted probe on this node: trainers, progress, and the result.
+"""Part: control. One accepted probe on this node: trainers, progress, and the result.
 
 The agent starts one ``gpuprobe train --format jsonl`` process per selected GPU *at once* (they
 import torch and build their model while the probe is pending) with ``--start-at`` set to the
 probe's start time, so the idle baseline starts on every node at the same wall-clock moment. The
 trainers' JSON lines (phase changes, progress, result) give the node's progress, published about
-once a second; an NVML sampler reads power, temperature and the energy counter of each GPU every
-100 ms from acceptance to the end. The result combines both over the steady phase (the trainer
+once a second; a ``ReadingRecorder`` (control/gpus.py) keeps power, temperature and the energy
+counter of each GPU every 100 ms from acceptance to the end. The result combines both over the steady phase (the trainer
 reports its synchronized start and end): samples/s, energy from the counter, J/sample, mean and
 peak power, peak temperature, and the idle baseline's mean power.
 
@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 
 from gpuprobe import workloads
-from gpuprobe.control.gpus import GpuReader, Reading, Sampler, describe_health
+from gpuprobe.control.gpus import GpuReader, Reading, ReadingRecorder, describe_health
 from gpuprobe.control.powerlimit import PowerLimits
 from gpuprobe.control.settings import TRAINER_COMMAND
 from gpuprobe.energy import window_energy
-from gpuprobe.trainer.report import AgentReporter, probe_event_line
+from gpuprobe.trainer.agent_socket import AgentReporter, probe_event_line
 from gpuprobe.v1 import common_pb2, control_pb2
 from gpuprobe.wire.vocabulary import PHASES, STATUSES
 
@@ -412,8 +412,8 @@ class ProbeRun:
                 await proc.wait()
 
     async def run(self) -> control_pb2.ProbeResult:
-        sampler = Sampler(self.gpus, self.plan.gpu_indices, self.sample_interval_s)
-        sampler.start()
+        recorder = ReadingRecorder(self.gpus, self.plan.gpu_indices, self.sample_interval_s)
+        recorder.start()
         ticker: asyncio.Task[None] | None = None
         readers: asyncio.Future[Any] | None = None
         cancelled = False
@@ -440,14 +440,14 @@ class ProbeRun:
             await self._stop_trainers()
             return self._result(status="failed", message=f"{type(e).__name__}: {e}", readings={})
         finally:
-            await self._wind_down(readers, ticker, sampler)
-        return self._result(status="cancelled" if cancelled else None, message="", readings=sampler.readings)
+            await self._wind_down(readers, ticker, recorder)
+        return self._result(status="cancelled" if cancelled else None, message="", readings=recorder.readings)
 
     async def _wind_down(
-        self, readers: asyncio.Future[Any] | None, ticker: asyncio.Task[None] | None, sampler: Sampler
+        self, readers: asyncio.Future[Any] | None, ticker: asyncio.Task[None] | None, recorder: ReadingRecorder
     ) -> None:
         """However the probe ended: no trainer line is read any more (a late warm-up line must not set a
-        limit after the restore), every power limit is restored, then the sampler stops."""
+        limit after the restore), every power limit is restored, then the recorder stops."""
         if readers is not None and not readers.done():
             readers.cancel()
             with contextlib.suppress(BaseException):
@@ -458,7 +458,7 @@ class ProbeRun:
             if self.power_limits is not None:
                 await asyncio.to_thread(self.power_limits.restore)  # never raises for one GPU
         finally:
-            await asyncio.to_thread(sampler.stop)
+            await asyncio.to_thread(recorder.stop)
 
     # --- the result -----------------------------------------------------------------------------------
 
@@ -654,7 +654,7 @@ def _total(
     temps = [m.peak_temp_c for m in per_gpu if m.HasField("peak_temp_c")]
     if temps:
         total.peak_temp_c = max(temps)
-    # the peak of the node's summed power: the sampler reads every GPU in the same pass
+    # the peak of the node's summed power: the recorder reads every GPU in the same pass
     series = [_window(r, start_ns, end_ns) for r in readings.values()]
     if series and all(series):
         n = min(len(s) for s in series)

@@ -1,7 +1,7 @@
-"""The Grafana dashboards of ``deploy/grafana/dashboards/``, generated here so they stay consistent.
+"""Part: dashboards. The Grafana dashboards of ``deploy/grafana/dashboards/``, generated here so they stay consistent.
 
-``python -m gpuprobe.model.grafana [--out DIR] [--alerting-out DIR]`` writes them (default: the
-repository's ``deploy/grafana/dashboards``) and the alert rules of ``model/grafana_health.py``
+``python -m gpuprobe.dashboards.grafana [--out DIR] [--alerting-out DIR]`` writes them (default: the
+repository's ``deploy/grafana/dashboards``) and the alert rules of ``dashboards/grafana_health.py``
 (default: ``deploy/grafana/provisioning/alerting``); a test fails when the committed files differ
 from what this module generates, and another runs every panel's query against a real InfluxDB
 (docs/dashboards.md).
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuprobe.model.grafana_health import gpu_health_dashboard, render_alerting
-from gpuprobe.model.grafana_parts import (
+from gpuprobe.dashboards.grafana_health import gpu_health_dashboard, render_alerting
+from gpuprobe.dashboards.grafana_parts import (
     BY_TIME,
     GPU,
     GPU_M,
@@ -1021,7 +1021,7 @@ def default_alerting_out() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        allow_abbrev=False, prog="python -m gpuprobe.model.grafana", description=__doc__.splitlines()[0]
+        allow_abbrev=False, prog="python -m gpuprobe.dashboards.grafana", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="folder to write into (default: deploy/grafana/dashboards)"

@@ -1,4 +1,5 @@
-"""The fleet control plane inside the agent: ``gpuprobe agent --broker URL`` (docs/agent.md, "Fleet probes").
+"""Part: agent. The fleet control plane inside the agent: ``gpuprobe agent --broker URL`` (docs/agent.md, "Fleet
+probes").
 
 With ``--broker`` the agent runs :class:`gpuprobe.control.agent_side.ControlClient` in its own event
 loop: presence (with the uplink's state), signed probe commands, the trainers, progress and results

@@ -1,4 +1,4 @@
-"""Reports the trainer's progress to the local agent's trainer socket.
+"""Part: trainer. Reports the trainer's progress to the local agent's trainer socket.
 
 The agent listens on a unix stream socket (``gpuprobe agent --trainer-socket PATH``) and turns each
 JSON line it receives into a ``TrainerSample`` (the ``trainer`` measurement) or a ``ProbeEvent``
