@@ -31,7 +31,13 @@ MQTT_OPTIONS = [
         default=DEFAULT_BROKER,
         metavar="URL",
     ),
-    Option("mqtt_username", "MQTT user name (Mosquitto password_file)", default="", metavar="NAME"),
+    Option(
+        "mqtt_username",
+        "MQTT user name (Mosquitto password_file)",
+        default="",
+        metavar="NAME",
+        doc="MQTT user name (with the example ACL: the node's `--host`)",
+    ),
     Option(
         "mqtt_password",
         "MQTT password (prefer --mqtt-password-file or the environment)",
@@ -39,8 +45,20 @@ MQTT_OPTIONS = [
         metavar="PASSWORD",
     ),
     Option("mqtt_password_file", "file whose first line is the MQTT password", Path, metavar="FILE"),
-    Option("mqtt_ca", "CA certificate (PEM) that signed the broker's certificate; implies TLS", Path, metavar="FILE"),
-    Option("mqtt_cert", "client certificate (PEM) for TLS client authentication", Path, metavar="FILE"),
+    Option(
+        "mqtt_ca",
+        "CA certificate (PEM) that signed the broker's certificate; implies TLS",
+        Path,
+        metavar="FILE",
+        default_text="system roots",
+        doc="CA certificate of the broker; implies TLS",
+    ),
+    Option(
+        "mqtt_cert",
+        "client certificate (PEM) for TLS client authentication",
+        Path,
+        metavar="FILE",
+    ),
     Option("mqtt_key", "private key (PEM) of --mqtt-cert", Path, metavar="FILE"),
 ]
 

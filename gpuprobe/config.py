@@ -135,6 +135,11 @@ class Option:
     # A destructive switch (--force: overwrite files, replace a key): taken only from the command line,
     # never from a GPUPROBE_* variable or a config file set for another command's sake.
     flag_only: bool = False
+    # The docs' options tables are made from these declarations (options_table, tools/docs_options.py):
+    # `doc` is the table's text where it says more than --help can (links, markdown), `default_text`
+    # the default as a reader says it where the value is not that ("the system's host name").
+    doc: str | None = None
+    default_text: str | None = None
 
     @property
     def flag(self) -> str:
@@ -178,6 +183,31 @@ class Option:
             choices = ", ".join(map(str, self.choices))
             raise ConfigError(f"{source}: {self.name} must be one of {choices}, not {value!r}")
         return value
+
+
+_FLAG_IN_TEXT = re.compile(r"(?<![`\w-])(--[a-z][a-z0-9-]*)(?![\w`-])")
+
+
+def shown_default(opt: Option) -> str:
+    """The default as the docs' tables write it: durations with their unit, switches on or off."""
+    if opt.default_text is not None:
+        return opt.default_text
+    if opt.is_flag:
+        return "on" if opt.default else "off"
+    if opt.default is None or opt.default == "" or opt.default == []:
+        return "—"
+    return format_duration(opt.default) if opt.is_duration else str(opt.default)
+
+
+def options_table(options: Iterable[Option]) -> str:
+    """A Markdown table of options (flag, environment variable, default, meaning), the form of the
+    docs' tables of each command's options, made from the declarations so that they cannot drift."""
+    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
+    for opt in options:
+        env = "—" if opt.flag_only or opt.name in PER_COMMAND_KEYS else f"`{opt.env_var}`"
+        meaning = opt.doc if opt.doc is not None else _FLAG_IN_TEXT.sub(r"`\1`", opt.help)
+        rows.append(f"| `{opt.flag}` | {env} | {shown_default(opt)} | {meaning} |")
+    return "\n".join(rows) + "\n"
 
 
 Handler = Callable[[dict[str, Any], argparse.Namespace], int]

@@ -5,9 +5,16 @@ The parser is the CLI's own, so the docs cannot drift from the code unnoticed.""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 from gpuprobe.app.cli import all_commands, build_parser
 from gpuprobe.config import CONFIG_ENV
@@ -112,3 +119,54 @@ def test_every_documented_gpuprobe_variable_is_read_by_the_cli() -> None:
                 if name not in known and not name.endswith("_"):
                     problems.append(f"{doc.relative_to(ROOT)}:{number}: {name} is not read by any command")
     assert not problems, "\n".join(problems)
+
+
+# --- the options tables made from the declarations (tools/docs_options.py) -----------------------
+
+
+def _docs_options_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_options", ROOT / "tools" / "docs_options.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_options_tables_are_the_declarations() -> None:
+    """What `python tools/docs_options.py --check` checks: every generated table is current, and a
+    command with tables (the agent's) has each of its options in one of them."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "docs_options.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    tool = _docs_options_tool()
+    commands = {t.command for t in tool.tables()}
+    assert "agent" in commands
+    agent_options = {o.name for c in all_commands() if c.name == "agent" for o in c.options}
+    assert {o.name for t in tool.tables() if t.command == "agent" for o in t.options} == agent_options
+
+
+def test_a_changed_declaration_changes_its_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row is made from its Option: change the declaration's default and the table follows; a row
+    edited by hand is made anew; an option left out of every table is reported."""
+    tool = _docs_options_tool()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("")
+    doc = tmp_path / "docs" / "agent.md"
+    written = (ROOT / "docs" / "agent.md").read_text()
+    hand_edited = written.replace("| `GPUPROBE_INTERVAL` | 100ms |", "| `GPUPROBE_INTERVAL` | 250ms |")
+    assert hand_edited != written
+    doc.write_text(hand_edited)
+    assert tool.render(doc) == written
+    agent = next(c for c in all_commands() if c.name == "agent")
+    interval = next(o for o in agent.options if o.name == "interval")
+    options = [dataclasses.replace(o, default=0.05) if o is interval else o for o in agent.options]
+    monkeypatch.setattr(tool, "all_commands", lambda: [dataclasses.replace(agent, options=options)])
+    assert "| `--interval` | `GPUPROBE_INTERVAL` | 50ms |" in tool.render(doc)
+    narrowed = written.replace("agent --collector..--check -->", "agent --collector..--hwmon-dir -->")
+    doc.write_text(narrowed)
+    assert tool.uncovered(tool.tables(tmp_path)) == ["agent --check"]
