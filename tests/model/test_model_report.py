@@ -61,7 +61,7 @@ def test_cli_prints_the_summary_table_and_the_report_path(probe_run: ProbeRun, t
         [
             sys.executable,
             "-m",
-            "gpuprobe",
+            "gpuprobe.app",
             "model",
             "--probe",
             probe_run.probe_id,
@@ -116,7 +116,7 @@ def test_cli_errors_are_clear(probe_run: ProbeRun, tmp_path: Path) -> None:
     base = [
         sys.executable,
         "-m",
-        "gpuprobe",
+        "gpuprobe.app",
         "model",
         "--influx-url",
         probe_run.server.url,
