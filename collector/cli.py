@@ -239,8 +239,13 @@ OPTIONS = [
 
 def config_from_options(values: dict[str, Any]) -> CollectorSettings:
     """The :class:`CollectorSettings` of resolved option values (checked)."""
-    from gpuprobe.collector.settings import CollectorConfigError, CollectorSettings, default_collector_id, parse_route
-    from gpuprobe.collector.sink import SinkSettings
+    from gpuprobe.collector.settings import (
+        CollectorConfigError,
+        CollectorSettings,
+        SinkSettings,
+        default_collector_id,
+        parse_route,
+    )
     from gpuprobe.influx.settings import InfluxSettings
     from gpuprobe.wire.validate import Limits
 

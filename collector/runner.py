@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import dataclasses
 import logging
 import os
 import select
@@ -32,12 +31,13 @@ from pathlib import Path
 import grpc
 
 from gpuprobe.collector.auth import Authenticator, TokenStore, server_credentials
+from gpuprobe.collector.backends import Backend, make_backend
 from gpuprobe.collector.metrics import Metrics
+from gpuprobe.collector.routing import events_backends, make_destinations
 from gpuprobe.collector.server import TelemetryService, server_options
 from gpuprobe.collector.settings import CollectorSettings, InfluxRoute, parse_address
-from gpuprobe.collector.sink import Backend, Destination, Sink, V1Backend, V2Backend
+from gpuprobe.collector.sink import Sink
 from gpuprobe.collector.wal import WriteAheadLog, merge_orphans, wal_path
-from gpuprobe.influx.retention import EVENT_MEASUREMENTS, EVENTS_RP
 from gpuprobe.systemd import Notifier, watchdog_interval_s
 
 log = logging.getLogger(__name__)
@@ -49,106 +49,6 @@ EXIT_WAL_LEFT = 75
 #: A drain ends early once InfluxDB could not be connected to for this long within it: a server
 #: that is down (connection refused) for the whole drain does not come back for the deadline.
 DRAIN_UNREACHABLE_GRACE_S = 2.0
-
-
-def make_backend(
-    config: CollectorSettings, route: InfluxRoute | None = None, retention_policy: str | None = None
-) -> Backend:
-    """The backend of ``--influx-url``, or of one ``--influx-route`` (its URL and database or bucket,
-    the other ``--influx-*`` settings shared); v1 into ``retention_policy`` rather than ``--influx-rp``."""
-    influx = config.influx
-    if retention_policy is not None:  # a policy that exists (--influx-create-db must not create it another way)
-        influx = dataclasses.replace(influx, retention_policy=retention_policy, create_database=False)
-    if route is not None:
-        if influx.api == "v2":
-            influx = dataclasses.replace(influx, url=route.url, bucket=route.database or influx.bucket)
-        else:
-            influx = dataclasses.replace(influx, url=route.url, database=route.database or influx.database)
-    connections = config.sink.concurrency + 1
-    if influx.api == "v2":
-        return V2Backend(
-            influx.url,
-            influx.org,
-            influx.bucket,
-            influx.token,
-            gzip=influx.gzip_level > 0,
-            timeout_s=influx.timeout_s,
-            connections=connections,
-            ca_file=influx.ca_file,
-        )
-    return V1Backend(
-        influx.url,
-        influx.database,
-        influx.retention_policy,
-        username=influx.username,
-        password=influx.password,
-        token=influx.token,
-        gzip_level=influx.gzip_level,
-        timeout_s=influx.timeout_s,
-        connections=connections,
-        ca_file=influx.ca_file,
-        create_database=influx.create_database,
-        retention=influx.retention,
-    )
-
-
-def _route_groups(config: CollectorSettings) -> list[tuple[str, InfluxRoute, frozenset[str]]]:
-    """``(name, route, clusters)`` per InfluxDB server and database the routes name (routes to the same
-    one share it)."""
-    grouped: dict[tuple[str, str], list[InfluxRoute]] = {}
-    for route in config.routes:
-        grouped.setdefault((route.url.rstrip("/"), route.database), []).append(route)
-    return [
-        (f"{url}/{database}" if database else url, routes[0], frozenset(route.cluster for route in routes))
-        for (url, database), routes in grouped.items()
-    ]
-
-
-def make_destinations(config: CollectorSettings) -> list[Destination]:
-    """One :class:`Destination` per InfluxDB server and database the routes name (routes to the same
-    one share it, and its lane)."""
-    return [Destination(name, make_backend(config, route), clusters) for name, route, clusters in _route_groups(config)]
-
-
-async def events_backends(config: CollectorSettings) -> dict[str, Backend]:
-    """For each v1 destination (``default``: ``--influx-url``) whose database has the ``events``
-    retention policy (``--init-db`` creates it), a backend that writes into it. Asked once at start:
-    a collector started before ``--init-db`` writes into ``events`` after its next restart."""
-    if config.influx.api != "v1":
-        return {}
-    targets: list[tuple[str, InfluxRoute | None]] = [("default", None)]
-    targets += [(name, route) for name, route, _ in _route_groups(config)]
-    found: dict[str, Backend] = {}
-    for name, route in targets:
-        probe = make_backend(config, route)
-        assert isinstance(probe, V1Backend)
-        try:
-            # an InfluxDB that does not answer must not hold the collector's start for --influx-timeout
-            policies, cause = await asyncio.wait_for(probe.retention_policies_or_cause(), _EVENTS_PROBE_TIMEOUT_S)
-        except TimeoutError:
-            policies, cause = (
-                None,
-                (
-                    f"InfluxDB at {probe.settings.base_url} did not answer within {_EVENTS_PROBE_TIMEOUT_S:g} s:"
-                    " check --influx-url and InfluxDB's load; the agents' data waits in the WAL"
-                ),
-            )
-        finally:
-            await probe.close()
-        if policies is None:
-            if cause and not (probe.settings.create_database and "database not found" in cause):
-                # the cause first, on a line of its own: it is what the operator has to fix
-                log.error("%s: %s", name, cause)
-            log.warning(
-                "cannot list the retention policies of %s: its %s points go to the default policy only "
-                "until the next restart",
-                name,
-                ", ".join(EVENT_MEASUREMENTS[:4]),
-            )
-        elif EVENTS_RP in policies:
-            found[name] = make_backend(config, route, EVENTS_RP)
-            log.info("%s: the %s points are written into %r too", name, ", ".join(EVENT_MEASUREMENTS[:4]), EVENTS_RP)
-    return found
 
 
 class Collector:

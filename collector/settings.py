@@ -9,7 +9,6 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprobe.collector.sink import SinkSettings
 from gpuprobe.errors import ConfigError
 from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.wire.validate import Limits
@@ -32,6 +31,19 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, port
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    batch_lines: int = 5000
+    concurrency: int = 3
+    linger_s: float = 0.05
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    retry_after_max_s: float = 300.0
+    #: Requests one refused chunk may spend finding its refused lines before the rest of the
+    #: suspect part is quarantined whole.
+    isolate_budget: int = 64
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ other 5xx, no answer       capped exponential backoff with jitter, then send aga
                            a drain ends at once on it (:meth:`Sink.hopeless`)
 =========================  ==============================================================================
 
-Two backends, chosen by ``--influx-api``: :class:`V1Backend` posts to ``/write?db=&rp=&precision=ns``
-with httpx (InfluxDB 1.x, and the v1 compatibility API of 2.x and 3.x); :class:`V2Backend` uses the
-official ``influxdb-client``'s asyncio client (``/api/v2/write`` with org, bucket and token).
+The output is layered, each layer a module: the transport (:mod:`gpuprobe.collector.backends`, one
+InfluxDB built from the settings) under the retries and the split/quarantine of this module's lanes,
+under the routing (:mod:`gpuprobe.collector.routing`: which lines go to which destination).
 
 Lanes: one destination is drained by one lane. Several (``--influx-route`` by ``cluster`` tag, and
 the ``events`` retention policy that also gets the probe, trainer, GPU inventory and event lines)
@@ -42,18 +42,17 @@ import contextlib
 import heapq
 import itertools
 import logging
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
-
-import httpx
 
 from gpuprobe.backoff import Backoff
-from gpuprobe.collector.compression import gunzip_bytes, gzip_bytes
+from gpuprobe.collector.backends import Backend
+from gpuprobe.collector.compression import gunzip_bytes
 from gpuprobe.collector.metrics import Metrics
+from gpuprobe.collector.routing import Destination, cluster_tag_text, events_selector, lane_selector
+from gpuprobe.collector.settings import SinkSettings
 from gpuprobe.collector.wal import PendingRow, WriteAheadLog
 from gpuprobe.influx.answers import (
     Answer,
@@ -61,281 +60,18 @@ from gpuprobe.influx.answers import (
     classify,
     error_text,
     line_errors,
-    parse_retry_after,
     reason,
     refused_lines_named,
 )
-from gpuprobe.influx.influxql import InfluxError, parse_results, quote_identifier
 from gpuprobe.influx.retention import (
-    EVENT_MEASUREMENTS,
     EVENTS_RP,
-    create_database_statement,
-    create_policy_statement,
 )
-from gpuprobe.influx.settings import InfluxSettings
-
-if TYPE_CHECKING:
-    from influxdb_client.client.influxdb_client_async import InfluxDBClientAsync
-    from influxdb_client.client.write_api_async import WriteApiAsync
 
 log = logging.getLogger(__name__)
 
-_GZIP_INLINE_BYTES = 64 * 1024
 _ALERT_LOG_INTERVAL_S = 60.0
 #: A drain retries a failed request at least this often, whatever ``--sink-max-backoff``.
 DRAIN_RETRY_MAX_S = 0.5
-_ANSWER_BODY_MAX_CHARS = 8000  # InfluxDB's messages are short; a proxy's HTML page need not be kept whole
-
-
-class Backend(Protocol):
-    """Sends one body of line protocol (uncompressed, ``\\n``-separated) to InfluxDB."""
-
-    name: str
-
-    async def write(self, body: bytes) -> Answer: ...
-
-    async def prepare(self) -> None:
-        """Called once at start (create the database where configured); must not raise."""
-
-    async def on_not_found(self) -> bool:
-        """Called after a 404; True when something was fixed and an immediate retry makes sense."""
-
-    async def close(self) -> None: ...
-
-
-class V1Backend:
-    """``POST /write?db=&rp=&precision=ns`` (InfluxDB 1.x; 2.x and 3.x through their v1 API)."""
-
-    name = "v1"
-
-    def __init__(
-        self,
-        url: str,
-        database: str,
-        retention_policy: str = "",
-        *,
-        username: str = "",
-        password: str = "",
-        token: str = "",
-        gzip_level: int = 1,
-        timeout_s: float = 30.0,
-        connections: int = 4,
-        ca_file: str = "",
-        create_database: bool = False,
-        retention: str = "",
-    ) -> None:
-        self.settings = settings = InfluxSettings(
-            url=url,
-            database=database,
-            retention_policy=retention_policy,
-            username=username,
-            password=password,
-            token=token,
-            create_database=create_database,
-            retention=retention,
-            ca_file=ca_file,
-            timeout_s=timeout_s,
-            gzip_level=gzip_level,
-        )
-        self._headers = {"User-Agent": "gpuprobe-collector", **settings.auth_headers()}
-        self._write_headers = {**self._headers, "Content-Type": "text/plain; charset=utf-8"}
-        if gzip_level > 0:
-            self._write_headers["Content-Encoding"] = "gzip"
-        self._params = settings.write_params()
-        self._client = httpx.AsyncClient(
-            base_url=settings.base_url,
-            timeout=timeout_s,
-            verify=settings.verify(),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
-        )
-
-    async def write(self, body: bytes) -> Answer:
-        data = body
-        level = self.settings.gzip_level
-        if level > 0:
-            if len(body) > _GZIP_INLINE_BYTES:  # larger bodies compress in a thread, off the event loop
-                data = await asyncio.to_thread(gzip_bytes, body, level)
-            else:
-                data = gzip_bytes(body, level)
-        try:
-            response = await self._client.post("/write", params=self._params, content=data, headers=self._write_headers)
-        except httpx.ConnectError as exc:
-            return Answer(None, f"{type(exc).__name__}: {exc}".strip(), unreachable=True)
-        except httpx.HTTPError as exc:
-            return Answer(None, f"{type(exc).__name__}: {exc}".strip())
-        return Answer(
-            response.status_code,
-            response.text[:_ANSWER_BODY_MAX_CHARS],
-            parse_retry_after(response.headers.get("Retry-After")),
-        )
-
-    async def query(self, influxql: str) -> Answer:
-        try:
-            response = await self._client.post("/query", params={"q": influxql}, headers=self._headers)
-        except httpx.HTTPError as exc:
-            return Answer(None, f"{type(exc).__name__}: {exc}")
-        return Answer(response.status_code, response.text[:_ANSWER_BODY_MAX_CHARS])
-
-    async def prepare(self) -> None:
-        if self.settings.create_database:
-            await self._create()
-
-    async def retention_policies(self) -> set[str] | None:
-        """The database's retention policies; None when InfluxDB cannot tell (down, no database, refused)."""
-        policies, _ = await self.retention_policies_or_cause()
-        return policies
-
-    async def retention_policies_or_cause(self) -> tuple[set[str] | None, str]:
-        """The database's retention policies and "", or None and why InfluxDB could not tell, in one
-        sentence that names the cause and what to do (the collector logs it at start)."""
-        settings = self.settings
-        where = f"InfluxDB at {settings.base_url}"
-        statement = f"SHOW RETENTION POLICIES ON {quote_identifier(settings.database)}"
-        answer = await self.query(statement)
-        if answer.status is None:
-            return None, (
-                f"{where} is unreachable ({answer.body}): check --influx-url and that InfluxDB runs; the agents'"
-                " data waits in the WAL until it answers"
-            )
-        if answer.status in (401, 403):
-            return None, (
-                f"{where} refused the credentials (HTTP {answer.status}): check --influx-user and"
-                " GPUPROBE_INFLUX_PASSWORD (or --influx-token); the agents' data waits in the WAL"
-            )
-        if answer.status != 200:
-            return None, f"{where} answered HTTP {answer.status} ({answer.body[:200]}): check --influx-url"
-        try:
-            return {str(row[0]) for series in parse_results(answer.body, statement) for row in series.values}, ""
-        except InfluxError as exc:
-            if "database not found" in str(exc) and not settings.create_database:
-                return None, (
-                    f"{where} has no database {settings.database!r}: create it (gpuprobe collector --init-db,"
-                    f" or CREATE DATABASE {quote_identifier(settings.database)}), start with --influx-create-db,"
-                    " or fix --influx-db; the agents' data waits in the WAL until it exists"
-                )
-            return None, f"{where}: {exc}"
-
-    async def on_not_found(self) -> bool:
-        return await self._create() if self.settings.create_database else False
-
-    async def _create(self) -> bool:
-        settings = self.settings
-        statements = [create_database_statement(settings.database)]
-        if settings.retention_policy:
-            statements.append(
-                create_policy_statement(settings.database, settings.retention_policy, settings.retention or "INF")
-            )
-        ok = True
-        for statement in statements:
-            answer = await self.query(statement)
-            if answer.status == 200:
-                try:
-                    parse_results(answer.body, statement)
-                except InfluxError as exc:
-                    problem = exc.message
-                else:
-                    problem = ""
-            else:
-                problem = f"{answer.status}: {error_text(answer.body)}"
-            if problem and "already exists" not in problem:
-                log.error("InfluxDB refused %r: %s", statement, problem[:500])
-                ok = False
-            elif not problem:
-                log.info("InfluxDB: %s", statement)
-        return ok
-
-    async def close(self) -> None:
-        await self._client.aclose()
-
-
-class V2Backend:
-    """``/api/v2/write`` through ``influxdb-client``'s asyncio client (org, bucket, token, gzip).
-
-    The client is made on the first write, inside the running event loop: its aiohttp session
-    belongs to the loop it was made in."""
-
-    name = "v2"
-
-    def __init__(
-        self,
-        url: str,
-        org: str,
-        bucket: str,
-        token: str,
-        *,
-        gzip: bool = True,
-        timeout_s: float = 30.0,
-        connections: int = 4,
-        ca_file: str = "",
-    ) -> None:
-        self.url = url
-        self.org = org
-        self.bucket = bucket
-        self._token = token
-        self._gzip = gzip
-        self._timeout_s = timeout_s
-        self._connections = connections
-        self._ca_file = ca_file
-        self._client: InfluxDBClientAsync | None = None
-        self._write_api: WriteApiAsync | None = None
-
-    def _writer(self) -> WriteApiAsync:
-        if self._write_api is None:
-            from influxdb_client.client.influxdb_client_async import InfluxDBClientAsync
-
-            self._client = InfluxDBClientAsync(
-                url=self.url,
-                token=self._token,
-                org=self.org,
-                enable_gzip=self._gzip,
-                timeout=int(self._timeout_s * 1000),  # ms, for the whole request
-                connection_pool_maxsize=self._connections,
-                ssl_ca_cert=self._ca_file or None,
-            )
-            self._write_api = self._client.write_api()
-        return self._write_api
-
-    async def write(self, body: bytes) -> Answer:
-        import aiohttp
-        from influxdb_client.domain.write_precision import WritePrecision
-        from influxdb_client.rest import ApiException
-
-        precision: Any = WritePrecision.NS  # a str constant; the stubs ask for the enum-like class
-        try:
-            await self._writer().write(bucket=self.bucket, org=self.org, record=body, write_precision=precision)
-        except ApiException as exc:
-            retry_after = exc.headers.get("Retry-After") if exc.headers else None
-            text = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or exc.reason)
-            return Answer(exc.status, text[:_ANSWER_BODY_MAX_CHARS], parse_retry_after(retry_after))
-        except aiohttp.ClientConnectorError as exc:  # no connection (refused, no route, no such host)
-            return Answer(None, f"{type(exc).__name__}: {exc}", unreachable=True)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:  # no answer
-            return Answer(None, f"{type(exc).__name__}: {exc}")
-        return Answer(204)
-
-    async def prepare(self) -> None:
-        return None
-
-    async def on_not_found(self) -> bool:
-        return False
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()  # type: ignore[no-untyped-call]  # influxdb-client leaves it unannotated
-            self._client = self._write_api = None
-
-
-@dataclass(frozen=True)
-class SinkSettings:
-    batch_lines: int = 5000
-    concurrency: int = 3
-    linger_s: float = 0.05
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
-    retry_after_max_s: float = 300.0
-    #: Requests one refused chunk may spend finding its refused lines before the rest of the
-    #: suspect part is quarantined whole.
-    isolate_budget: int = 64
 
 
 @dataclass
@@ -347,16 +83,6 @@ class _Chunk:
     last_id: int
     rows: list[PendingRow] | None = None
     done: bool = False
-
-
-@dataclass(frozen=True)
-class Destination:
-    """Where the lines of some ``cluster`` tag values go (``--influx-route``): one InfluxDB server and
-    database (v1) or bucket (v2), drained by its own lane."""
-
-    name: str  # the metrics label and the log lines' name: the route's URL (and database)
-    backend: Backend
-    clusters: frozenset[str]
 
 
 class Sink:
@@ -405,12 +131,12 @@ class Sink:
             default = self.lanes[0]
             if routes:
                 for lane in self.lanes:
-                    lane.select = _selector(lane, where, default)
+                    lane.select = lane_selector(lane, where, default)
             for main in list(self.lanes):
                 events_backend = (events or {}).get(main.name)
                 if events_backend is not None:
                     lane = _Lane(self, f"{main.name} ({EVENTS_RP})", events_backend)
-                    lane.select = _events_selector(main.select)
+                    lane.select = events_selector(main.select)
                     self.lanes.append(lane)
         else:
             self.lanes = [_Lane(self, "", backend)]
@@ -936,88 +662,6 @@ class _Lane:
         if self.name:
             self.metrics.destination_up(self.name, up)
         self.sink.lane_up_changed()
-
-
-_MEASUREMENT_TEXT = rb"(?:[^\\, ]|\\.)*"  # escaped commas and spaces are part of the name
-_TAG_VALUE = rb"(?:[^\\, ]|\\.)*"
-_MEASUREMENT = re.compile(_MEASUREMENT_TEXT)
-_TAG = re.compile(rb",((?:[^\\=, ]|\\.)*)=(" + _TAG_VALUE + rb")")
-
-
-def cluster_of(line: bytes) -> bytes | None:
-    """The ``cluster`` tag's value of one line of line protocol, escaped as written; None without one.
-
-    Tags are read one by one from the start (escapes skipped), so an escaped ``\\,cluster\\=`` inside
-    another tag's value is not taken for the tag."""
-    match = _MEASUREMENT.match(line)
-    position = match.end() if match is not None else 0
-    while True:
-        tag = _TAG.match(line, position)
-        if tag is None:
-            return None
-        if tag.group(1) == b"cluster":
-            return tag.group(2)
-        position = tag.end()
-
-
-def cluster_tag_text(cluster: str) -> bytes:
-    """A cluster name as its tag value is written in line protocol (``,``, ``=`` and space escaped)."""
-    return cluster.replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ").encode()
-
-
-def _selector(lane: _Lane, where: dict[bytes, _Lane], default: _Lane) -> Callable[[bytes], tuple[bytes, int]]:
-    """``select(body) -> (lines, count)``: the lines of ``body`` (one WAL row) that go to ``lane`` (a
-    line whose cluster no route names goes to ``default``)."""
-
-    def select(body: bytes) -> tuple[bytes, int]:
-        lines = body.count(b"\n")
-        whole = _row_cluster(body, lines)
-        if whole is not None:  # the common case: one agent's batch, every line with the agent's tags
-            return (body, lines) if where.get(whole, default) is lane else (b"", 0)
-        mine = [line for line in body.splitlines(keepends=True) if where.get(cluster_of(line) or b"", default) is lane]
-        return b"".join(mine), len(mine)
-
-    return select
-
-
-def _row_cluster(body: bytes, lines: int) -> bytes | None:
-    """The cluster of every line of ``body`` when they all have the same (``b""``: none has the tag);
-    None when that takes reading the lines one by one (a mix, or a lookalike in another value).
-
-    A WAL row is one agent batch, and each of its lines carries the agent's tags: so the cluster of
-    the first line that has the tag is counted as text over the whole body, at memchr speed, rather
-    than by parsing ~5 000 lines in Python."""
-    at = body.find(b",cluster=")
-    if at < 0:
-        return b""
-    start = body.rfind(b"\n", 0, at) + 1
-    end = body.find(b"\n", at)
-    cluster = cluster_of(body[start : end + 1 if end >= 0 else len(body)])
-    if cluster is None:
-        return None
-    tag = b",cluster=" + cluster
-    return cluster if body.count(tag + b",") + body.count(tag + b" ") == lines else None
-
-
-# a line of an events measurement, found after the newline that ends the line before it (the body
-# gets one in front): a literal first character lets the regex engine skip along at memchr speed
-_EVENT_LINE = re.compile(rb"\n((?:" + b"|".join(name.encode() for name in EVENT_MEASUREMENTS) + rb")[, ][^\n]*)")
-
-
-def _events_selector(
-    inner: Callable[[bytes], tuple[bytes, int]] | None,
-) -> Callable[[bytes], tuple[bytes, int]]:
-    """``select(body)``: the :data:`EVENT_MEASUREMENTS` lines of ``body`` that ``inner`` selects (None:
-    all of them). The measurement is the line's start, so a regex over the body finds them."""
-
-    def select(body: bytes) -> tuple[bytes, int]:
-        found = _EVENT_LINE.findall(b"\n" + body)
-        if not found:
-            return b"", 0
-        mine = b"\n".join(found) + b"\n"
-        return inner(mine) if inner is not None else (mine, len(found))
-
-    return select
 
 
 def _rows_body(rows: Sequence[PendingRow]) -> bytes:

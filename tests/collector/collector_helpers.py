@@ -27,8 +27,7 @@ import grpc
 import support
 
 from gpuprobe.collector.runner import Collector
-from gpuprobe.collector.settings import CollectorSettings
-from gpuprobe.collector.sink import SinkSettings
+from gpuprobe.collector.settings import CollectorSettings, SinkSettings
 from gpuprobe.devservices.certs import Pki
 from gpuprobe.devservices.ports import LOOPBACK, port_accepts
 from gpuprobe.influx.settings import InfluxSettings

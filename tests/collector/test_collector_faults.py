@@ -23,7 +23,7 @@ from collector_helpers import CollectorProcess, collector_config, running, wait_
 
 from gpuprobe.agent.uplink import WRITE_RACED_END
 from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
-from gpuprobe.collector.sink import SinkSettings
+from gpuprobe.collector.settings import SinkSettings
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
 from gpuprobe.devservices.disks import SmallDisk
 from gpuprobe.v1 import telemetry_pb2

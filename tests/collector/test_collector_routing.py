@@ -16,10 +16,12 @@ from collector_helpers import FAST_SINK, RecordingServer, collector_config, runn
 from test_collector_faults import assert_exactly_once
 
 from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
+from gpuprobe.collector.backends import V1Backend
 from gpuprobe.collector.cli import config_from_options
 from gpuprobe.collector.metrics import Metrics
+from gpuprobe.collector.routing import Destination, cluster_of
 from gpuprobe.collector.settings import CollectorConfigError, InfluxRoute, parse_route
-from gpuprobe.collector.sink import Destination, Sink, V1Backend, cluster_of
+from gpuprobe.collector.sink import Sink
 from gpuprobe.collector.wal import WriteAheadLog
 from gpuprobe.devservices import InfluxDBServer
 from gpuprobe.influx.lineprotocol import encode_line
@@ -40,7 +42,7 @@ def test_the_cluster_tag_is_read_as_written_not_from_a_lookalike_in_another_valu
 
 
 def test_a_batch_is_routed_whole_unless_its_lines_differ_or_a_value_looks_like_the_tag() -> None:
-    from gpuprobe.collector.sink import _row_cluster
+    from gpuprobe.collector.routing import _row_cluster
 
     def body(*lines: str) -> bytes:
         return "".join(line + "\n" for line in lines).encode()

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from collector_helpers import FAST_SINK, Recorded, RecordingServer, json_error, wait_until
 
+from gpuprobe.collector.backends import Backend, V1Backend, V2Backend
 from gpuprobe.collector.metrics import Metrics
-from gpuprobe.collector.sink import Backend, Sink, SinkSettings, V1Backend, V2Backend
+from gpuprobe.collector.settings import SinkSettings
+from gpuprobe.collector.sink import Sink
 from gpuprobe.collector.wal import WriteAheadLog
 from gpuprobe.devservices import InfluxDBDatabase, InfluxDBServer
 from gpuprobe.devservices.ports import LOOPBACK, free_port

@@ -37,8 +37,10 @@ import pytest
 from collector_helpers import FAST_SINK, Recorded, RecordingServer, collector_config, running, wait_until
 
 from gpuprobe.app.loadgen import AgentSpec, SyntheticAgent
+from gpuprobe.collector.backends import V2Backend
 from gpuprobe.collector.metrics import Metrics
-from gpuprobe.collector.sink import Sink, SinkSettings, V2Backend
+from gpuprobe.collector.settings import SinkSettings
+from gpuprobe.collector.sink import Sink
 from gpuprobe.collector.wal import WriteAheadLog
 from gpuprobe.influx.settings import InfluxSettings
 
