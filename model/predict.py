@@ -320,9 +320,10 @@ def window_html(errors: Sequence[WindowError], title: str) -> str:
     """One self-contained page: per host a plot of each GPU's measured and predicted temperature."""
     import html
 
-    from gpuprobe.model.report import CSS, _img, _png, _pyplot
+    from gpuprobe.model.html import img, png, pyplot
+    from gpuprobe.model.report import CSS
 
-    plt = _pyplot()
+    plt = pyplot()
     title = html.escape(title)
 
     parts = [f"<!doctype html><meta charset=utf-8><title>{title}</title><style>{CSS}</style><h1>{title}</h1>"]
@@ -337,7 +338,7 @@ def window_html(errors: Sequence[WindowError], title: str) -> str:
         ax.set_ylabel("temperature, °C")
         ax.set_title(f"{host}: measured and predicted from the measured power")
         ax.legend(fontsize=7, ncol=4)
-        parts.append(_img(_png(fig), f"predicted temperature of {host}"))
+        parts.append(img(png(fig), f"predicted temperature of {host}"))
     return "\n".join(parts)
 
 

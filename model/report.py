@@ -10,12 +10,9 @@ calibration's scatter), and the efficiency per GPU and node.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -23,27 +20,17 @@ import numpy as np
 from gpuprobe.energy import cumulative_energy
 from gpuprobe.model.analysis import SIMULATED_NOTE, GpuResult, Results
 from gpuprobe.model.data import Dataset, GpuSeries
+from gpuprobe.model.html import Section, page, utc_text
+from gpuprobe.model.html import fmt as _fmt
+from gpuprobe.model.html import img as _img
+from gpuprobe.model.html import png as _png
+from gpuprobe.model.html import pyplot as _pyplot
+from gpuprobe.model.html import table as _table
 from gpuprobe.model.thermal import AVERAGE_DELAY_S, predicted_temperature, simulate
 from gpuprobe.model.thermal_stages import Interval
 
 MAX_POINTS = 2500
 PHASE_COLOURS = {"idle": "#e8f0fe", "warmup": "#fff4e0", "steady": "#e6f4ea", "cooldown": "#f3e8fd"}
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(fig: Any) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    _pyplot().close(fig)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def _thin(n: int) -> slice:
@@ -309,52 +296,11 @@ padding:0 24px;color:#202124}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #dadce0}
 h3{font-size:15px;margin:18px 0 6px} table{border-collapse:collapse;margin:6px 0 12px;font-size:12px}
 th,td{border:1px solid #dadce0;padding:3px 5px;text-align:right} th{background:#f1f3f4}
-td.l,th.l{text-align:left} .flag{color:#b3261e;font-weight:600} img{max-width:100%;display:block;margin:8px 0}
+td.l,th.l{text-align:left} .wide{overflow-x:auto} .flag{color:#b3261e;font-weight:600}
+img{max-width:100%;display:block;margin:8px 0}
 .muted{color:#5f6368;font-size:12px} .box{background:#f8f9fa;border:1px solid #dadce0;padding:8px 12px;margin:8px 0}
 .box.sim{background:#fff8e1;border-color:#f0c36d;color:#9a5b00}
 """
-
-
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "—"
-        if abs(value) >= 10_000:
-            return f"{value:,.0f}"
-        if abs(value) >= 100:
-            return f"{value:.1f}"
-        return f"{value:.{digits}g}"
-    return html.escape(str(value))
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], left: int = 1) -> str:
-    head = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>' for i, h in enumerate(headers))
-    body = []
-    for row in rows:
-        cells = "".join(f'<td class="{"l" if i < left else ""}">{_fmt(v)}</td>' for i, v in enumerate(row))
-        body.append(f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _img(b64: str | None, alt: str) -> str:
-    if not b64:
-        return ""
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
-
-
-def _time(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-
-
-# One function per section of the report, in the order they appear; each returns its HTML fragments, and
-# render_html joins all of them with newlines (so the sections stay independent of each other's markup).
-Section = list[str]
 
 
 def render_html(ds: Dataset, results: Results, settings: dict[str, Any]) -> str:
@@ -370,16 +316,17 @@ def render_html(ds: Dataset, results: Results, settings: dict[str, Any]) -> str:
         _notes(results),
         _settings(settings),
     ]
-    return "\n".join(fragment for section in sections for fragment in section)
+    return page(sections)
 
 
 def _header(r: Results) -> Section:
     f = r.fleet
+    start, end = utc_text(r.start_ns, milliseconds=True), utc_text(r.end_ns, milliseconds=True)
     return [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f"<title>gpuprobe model report: {html.escape(r.label)}</title><style>{CSS}</style></head><body>",
         f"<h1>gpuprobe model report: {html.escape(r.label)}</h1>",
-        f'<p class="muted">{_time(r.start_ns)} → {_time(r.end_ns)} ({f.duration_s:.1f} s); workload '
+        f'<p class="muted">{start} → {end} ({f.duration_s:.1f} s); workload '
         f"{_fmt(r.workload)}; status {_fmt(r.status)}; {f.gpus} GPUs on {f.nodes} nodes. "
         "Acoustic proxy levels are <b>estimates</b>, not measurements. Methods: docs/models.md.</p>",
         *(
@@ -850,8 +797,8 @@ def _phases(r: Results) -> Section:
         [
             h,
             p["phase"],
-            _time(int(str(p["start_ns"]))),
-            _time(int(str(p["end_ns"]))),
+            utc_text(int(str(p["start_ns"])), milliseconds=True),
+            utc_text(int(str(p["end_ns"])), milliseconds=True),
             (int(str(p["end_ns"])) - int(str(p["start_ns"]))) / 1e9,
         ]
         for h, ps in r.phases.items()

@@ -15,16 +15,18 @@ was not computed is left out, so field types never change between runs.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import html
-import io
 import math
-from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from typing import Any
 
 from gpuprobe.influx.lineprotocol import encode_line
+from gpuprobe.model.html import Section, page, utc_text
+from gpuprobe.model.html import img as _img
+from gpuprobe.model.html import png as _png
+from gpuprobe.model.html import pyplot as _pyplot
+from gpuprobe.model.html import table as _table
 from gpuprobe.model.output import TERMINAL_COLUMNS, wrapped
 from gpuprobe.model.report import legend_beside
 from gpuprobe.study.analysis import (
@@ -389,74 +391,6 @@ tr.sim td{background:#fff8e1} .sim{color:#9a5b00;font-weight:600}
 """
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(fig: Any) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    _pyplot().close(fig)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "—"
-        if abs(value) >= 10_000:
-            return f"{value:,.0f}"
-        if abs(value) >= 100:
-            return f"{value:.1f}"
-        return f"{value:.{digits}g}"
-    return html.escape(str(value))
-
-
-def _table(
-    headers: Sequence[str],
-    rows: Iterable[Sequence[Any]],
-    left: int = 1,
-    sim: Sequence[bool] = (),
-    headings: Sequence[str | None] = (),
-) -> str:
-    """A table; ``headings[n]``, where not None, is a line across the table above row ``n``."""
-    head = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(h)}</th>' for i, h in enumerate(headers))
-    body = []
-    for n, row in enumerate(rows):
-        if n < len(headings) and headings[n] is not None:
-            body.append(f'<tr class="config"><td class="l" colspan="{len(headers)}">{_fmt(headings[n])}</td></tr>')
-        cells = []
-        for i, v in enumerate(row):
-            cls = "l" if i < left else ""
-            if v == "simulated":
-                cls += " sim"
-            cells.append(f'<td class="{cls.strip()}">{_fmt(v)}</td>')
-        marker = ' class="sim"' if n < len(sim) and sim[n] else ""
-        body.append(f"<tr{marker}>{''.join(cells)}</tr>")
-    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
-
-
-def _img(b64: str | None, alt: str) -> str:
-    if not b64:
-        return ""
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
-
-
-def _time(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%S") + " UTC"
-
-
 def _short(key: GroupKey, configurations: int) -> str:
     text = f"b{batch_label(key.batch_size)} {limit_label(key.power_limit)}"
     return f"{text} {key.virt}" if configurations > 1 else text
@@ -611,10 +545,7 @@ def render_html(report: StudyReport, settings: dict[str, Any]) -> str:
         _notes(report),
         _settings(report, settings),
     ]
-    return "\n".join(fragment for section in sections for fragment in section)
-
-
-Section = list[str]
+    return page(sections)
 
 
 def _header(r: StudyReport) -> Section:
@@ -622,7 +553,7 @@ def _header(r: StudyReport) -> Section:
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f"<title>gpuprobe study report: {html.escape(r.study)}</title><style>{CSS}</style></head><body>",
         f"<h1>gpuprobe study report: {html.escape(r.study)}</h1>",
-        f'<p class="muted">{_time(r.start_ns)} → {_time(r.end_ns)}; database {html.escape(r.database)}; '
+        f'<p class="muted">{utc_text(r.start_ns)} → {utc_text(r.end_ns)}; database {html.escape(r.database)}; '
         f"{len(r.nodes)} nodes, {len(r.points)} points, workloads {html.escape(', '.join(r.workloads))}. "
         "Acoustic proxy levels are <b>estimates</b>. Definitions: docs/studies.md.</p>",
     ]
@@ -866,7 +797,7 @@ def _refusals(r: StudyReport) -> Section:
             batch_label(x.batch_size),
             limit_label(x.power_limit),
             x.message or "no reason given",
-            _time(x.t_ns),
+            utc_text(x.t_ns),
         ]
         for x in r.refusals
     ]
