@@ -9,18 +9,13 @@ from typing import Any
 
 from gpuprobe.control import signing
 from gpuprobe.control.gpus import health_name
+from gpuprobe.texttable import text_table
 from gpuprobe.v1 import common_pb2, control_pb2
 from gpuprobe.wire.validate import CLOCK_CORRECTED_FROM_S
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [len(h) for h in headers]
-    for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    for row in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+    return "\n".join(text_table(headers, rows))
 
 
 def bar(fraction: float, width: int = 20) -> str:

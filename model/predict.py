@@ -36,6 +36,7 @@ from gpuprobe.errors import DataError
 from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.model.thermal import AVERAGE_DELAY_S, ThermalFit, headroom_c, predicted_temperature
 from gpuprobe.model.thermal_stages import MAX_GRID, FanLaw, Inlet, Stage, StageModel
+from gpuprobe.texttable import text_table
 
 #: a window whose temperature holds within STEADY_START_SPAN_C (one whole-degree step: the readings'
 #: rounding) over its first STEADY_START_S, or until its power first moves (at least STEADY_START_MIN_S),
@@ -254,35 +255,34 @@ def steady_answer(
 
 
 def window_table(errors: Sequence[WindowError], skipped: Sequence[str]) -> str:
-    head = f"{'host':<12} {'gpu':>3} {'model':>13} {'samples':>7} {'RMS °C':>7} {'bias °C':>8} {'max |err| °C':>12}"
-    rows = [head, "-" * len(head)]
-    for e in errors:
-        rows.append(
-            f"{e.host:<12.12} {e.gpu:>3} {e.model:>13} {e.samples:>7} {e.rmse_c:>7.2f} {e.bias_c:>+8.2f} "
-            f"{e.max_abs_error_c:>12.2f}"
-        )
+    headers = ["host", "gpu", "model", "samples", "RMS °C", "bias °C", "max |err| °C"]
+    rows = [
+        [e.host, str(e.gpu), e.model, str(e.samples), f"{e.rmse_c:.2f}", f"{e.bias_c:+.2f}", f"{e.max_abs_error_c:.2f}"]
+        for e in errors
+    ]
+    lines = text_table(headers, rows, left=1, rule=True)
     if errors:
-        rows.append(f"median RMS {float(np.median([e.rmse_c for e in errors])):.2f} °C over {len(errors)} GPUs")
-    rows.extend(f"note: {s}" for s in skipped)
-    return "\n".join(rows)
+        lines.append(f"median RMS {float(np.median([e.rmse_c for e in errors])):.2f} °C over {len(errors)} GPUs")
+    lines.extend(f"note: {s}" for s in skipped)
+    return "\n".join(lines)
 
 
 def steady_table(answers: Sequence[SteadyAnswer], skipped: Sequence[str]) -> str:
-    head = (
-        f"{'host':<12} {'gpu':>3} {'model':>13} {'power W':>7} {'steady °C':>9} {'to within':>14} "
-        f"{'slowdown':>8} {'headroom':>8}"
-    )
-    rows = [head, "-" * len(head)]
-    for a in answers:
-        reach = "—" if a.time_to_within_s is None else f"{a.time_to_within_s:.0f} s (±{a.within_c:g} °C)"
-        slow = "—" if a.slowdown_c is None else f"{a.slowdown_c:.1f}"
-        room = "—" if a.headroom_c is None else f"{a.headroom_c:.1f}"
-        rows.append(
-            f"{a.host:<12.12} {a.gpu:>3} {a.model:>13} {a.power_w:>7.0f} {a.steady_c:>9.1f} {reach:>14} "
-            f"{slow:>8} {room:>8}"
-        )
-    rows.extend(f"note: {s}" for s in skipped)
-    return "\n".join(rows)
+    def maybe(value: float | None, spec: str) -> str:
+        return "—" if value is None else format(value, spec)
+
+    headers = ["host", "gpu", "model", "power W", "steady °C", "to within", "slowdown", "headroom"]
+    rows = [
+        [
+            a.host, str(a.gpu), a.model, f"{a.power_w:.0f}", f"{a.steady_c:.1f}",
+            "—" if a.time_to_within_s is None else f"{a.time_to_within_s:.0f} s (±{a.within_c:g} °C)",
+            maybe(a.slowdown_c, ".1f"), maybe(a.headroom_c, ".1f"),
+        ]
+        for a in answers
+    ]  # fmt: skip
+    lines = text_table(headers, rows, left=1, rule=True)
+    lines.extend(f"note: {s}" for s in skipped)
+    return "\n".join(lines)
 
 
 def window_json(errors: Sequence[WindowError], skipped: Sequence[str], start_ns: int, end_ns: int) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from gpuprobe.study.analysis import (
     batch_label,
     limit_label,
 )
+from gpuprobe.texttable import text_table
 
 MEASUREMENT = "model"
 KIND = "study"
@@ -195,19 +196,6 @@ def _num(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
-def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
-    """Columns as wide as their widest cell; the first ``left`` columns left-aligned, the rest right."""
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    head = line(headers)
-    return [head, "-" * len(head), *(line(r).rstrip() for r in rows)]
-
-
 GROUP_HEADERS = [
     "GPU model",
     "workload",
@@ -336,7 +324,7 @@ def summary_table(report: StudyReport) -> str:
     headers, rows, left, said = terminal_columns(
         GROUP_HEADERS[KEY_COLUMNS:], [r[KEY_COLUMNS:] for r in full], left=2, width=TERMINAL_COLUMNS - 2
     )
-    lines = text_table(headers, rows, left=left)
+    lines = text_table(headers, rows, left=left, rule=True)
     table = lines[:2]  # never wrapped: a wrapped row is no row
     for i, (row, line) in enumerate(zip(full, lines[2:], strict=True)):
         if i == 0 or row[:KEY_COLUMNS] != full[i - 1][:KEY_COLUMNS]:
