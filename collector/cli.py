@@ -69,21 +69,28 @@ OPTIONS = [
         "rp_config (v1, an admin user; safe to run again)",
         default=False,
         is_flag=True,
+        doc="set up the database (below) and exit instead of serving",
     ),
     Option(
-        "retention_raw", "--init-db: how long the raw data is kept (0: infinite)", parse_duration, default=7 * 86400.0
+        "retention_raw",
+        "--init-db: how long the raw data is kept (0: infinite)",
+        parse_duration,
+        default=7 * 86400.0,
+        doc="how long raw points are kept (0: infinite)",
     ),
     Option(
         "retention_10s",
         "--init-db: how long the 10 s rollup is kept (0: infinite)",
         parse_duration,
         default=90 * 86400.0,
+        doc="how long the 10 s rollup is kept (0: infinite)",
     ),
     Option(
         "retention_1m",
         "--init-db: how long the 1 min rollup is kept (0: infinite)",
         parse_duration,
         default=400 * 86400.0,
+        doc="how long the 1 min rollup is kept (0: infinite)",
     ),
     Option(
         "retention_events",
@@ -91,6 +98,10 @@ OPTIONS = [
         "which are also written there once it exists (0: infinite)",
         parse_duration,
         default=400 * 86400.0,
+        doc=(
+            "how long the `events` policy keeps the `probe`, `trainer`, `gpu_info`, "
+            "`gpu_event` and `model` points (0: infinite)"
+        ),
     ),
     Option(
         "backfill",
@@ -98,6 +109,7 @@ OPTIONS = [
         "spool after an outage; 0: none)",
         parse_duration,
         default=0.0,
+        doc="also compute the rollups of the last DURATION again (late data, below); 0: none",
     ),
     Option(
         "influx_route",
@@ -108,6 +120,13 @@ OPTIONS = [
         multiple=True,
         default=[],
         metavar="CLUSTER=URL[/DATABASE]",
+        doc=(
+            "lines whose `cluster` tag is `CLUSTER` go to that InfluxDB; the URL's last path "
+            "segment, when there is one, is the database (v1) or bucket (v2), else "
+            "`--influx-db` or `--influx-bucket`; the other `--influx-*` options (API, "
+            "credentials, token, org, TLS CA, timeout, gzip) apply to it too. Repeatable, one "
+            "line per cluster; a cluster routed twice is an error"
+        ),
     ),
     Option("influx_ca", "CA certificate file to verify an https InfluxDB", default="", metavar="FILE"),
     Option(
@@ -144,6 +163,11 @@ OPTIONS = [
         "InfluxDB has it; the agents' spools buffer meanwhile, nothing acked is left in the WAL)",
         default="wal",
         choices=["wal", "sink"],
+        doc=(
+            "when an agent's batch is acknowledged: `wal` once it is durable in this "
+            "collector's WAL, `sink` once InfluxDB has it ([Acknowledgement "
+            "modes](#acknowledgement-modes---ack-after))"
+        ),
     ),
     Option(
         "drain_timeout",
@@ -152,6 +176,12 @@ OPTIONS = [
         "404, ...) or cannot be connected to for 2 s",
         parse_duration,
         default=25.0,
+        doc=(
+            "on SIGTERM, how long to finish the acks and write the WAL into InfluxDB before "
+            "exiting; what is left stays in the WAL and is logged; the drain ends sooner when "
+            "InfluxDB refuses the writes (401, 403, 404, other 4xx) or cannot be connected to "
+            "for 2 s ([Stopping](#stopping-crashing-restarting))"
+        ),
     ),
     Option("tls_cert", "server certificate (PEM)", type=_path, metavar="FILE"),
     Option("tls_key", "server private key (PEM)", type=_path, metavar="FILE"),

@@ -62,32 +62,48 @@ def _holdout_fraction(text: str) -> float:
 
 
 OPTIONS = [
-    Option("probe", "the probe to model (its id, the `probe` tag)", default="", metavar="ID"),
+    Option(
+        "probe",
+        "the probe to model (its id, the `probe` tag)",
+        default="",
+        metavar="ID",
+        doc="the probe (its `probe` tag)",
+    ),
     Option(
         "from",
-        "start of a time range to model instead of a probe (ISO 8601, unix s, now-1h)",
+        "start of a time range to model instead of a probe: ISO 8601 (UTC without a zone), unix seconds, now,"
+        " now-30m or -2h (a duration with its unit)",
         parse_time,
         metavar="TIME",
     ),
-    Option("to", "end of the time range (default now)", parse_time, metavar="TIME"),
+    Option("to", "end of the time range, in the same forms (default now)", parse_time, metavar="TIME"),
     Option(
         "hosts",
         "only these hosts (repeat or comma-separate; default all in the probe or range)",
         multiple=True,
         default=[],
         metavar="HOST",
+        default_text="all",
+        doc="only these hosts",
     ),
     Option(
         "influx_url",
         "InfluxDB base URL (v1 /query and /write; 2.x through its v1 API)",
         default="http://127.0.0.1:8086",
         metavar="URL",
+        doc=("InfluxDB base URL: `/query` and `/write` of the v1 API (1.x; 2.x and 3.x serve it too)"),
     ),
     Option("influx_db", "database (v1; on 2.x the database mapped to the bucket)", default="gpuprobe", metavar="NAME"),
     Option("influx_rp", "retention policy (empty: the database default)", default="", metavar="NAME"),
     Option("influx_username", "user name for basic authentication", default="", metavar="NAME"),
     Option("influx_password", "password for basic authentication", default="", metavar="SECRET"),
-    Option("influx_token", "token, sent as 'Authorization: Token ...' (2.x v1 API)", default="", metavar="SECRET"),
+    Option(
+        "influx_token",
+        "token, sent as 'Authorization: Token ...' (2.x v1 API)",
+        default="",
+        metavar="SECRET",
+        doc="sent as `Authorization: Token …` (the v1 API of 2.x)",
+    ),
     Option("influx_timeout", "timeout of one request", parse_duration, default=60.0),
     Option(
         "out",
@@ -95,6 +111,7 @@ OPTIONS = [
         Path,
         default=Path("gpuprobe-report"),
         metavar="DIR",
+        doc="where `<probe>.html` and `<probe>.json` go",
     ),
     Option(
         "pue",
@@ -102,6 +119,7 @@ OPTIONS = [
         _positive,
         default=1.0,
         metavar="X",
+        doc="power usage effectiveness (facility ÷ IT energy); 1.0 counts the GPUs only",
     ),
     Option(
         "grid_kg_per_kwh",
@@ -109,14 +127,22 @@ OPTIONS = [
         _non_negative,
         default=0.4,
         metavar="KG",
+        doc="grid carbon intensity; **a placeholder, not any real grid's figure: set yours**",
     ),
-    Option("price_per_gpu_hour", "price of one GPU-hour, for the cost (omit: no cost)", _non_negative, metavar="PRICE"),
+    Option(
+        "price_per_gpu_hour",
+        "price of one GPU-hour, for the cost (omit: no cost)",
+        _non_negative,
+        metavar="PRICE",
+        doc="price of a GPU-hour; without it there is no cost",
+    ),
     Option(
         "outlier_r_th_pct",
         "a GPU is 'hotter' when its R_th exceeds its model's median by this many percent",
         _non_negative,
         default=15.0,
         metavar="PCT",
+        doc='"hotter": R_th above the median of its model by more than this',
     ),
     Option(
         "outlier_dba",
@@ -124,6 +150,7 @@ OPTIONS = [
         _non_negative,
         default=3.0,
         metavar="DB",
+        doc=('"louder": steady proxy level above the median of its model by more than this (dB)'),
     ),
     Option(
         "outlier_samples_per_j_pct",
@@ -131,12 +158,14 @@ OPTIONS = [
         _non_negative,
         default=10.0,
         metavar="PCT",
+        doc='"less efficient": samples/J below the median of its model by more than this',
     ),
     Option(
         "arx_resample",
         "bin width of the ARX fit's block means",
         parse_duration,
         default=1.0,
+        doc="bin width of the ARX fit (below)",
     ),
     Option(
         "holdout",
@@ -145,18 +174,26 @@ OPTIONS = [
         _holdout_fraction,
         default=0.3,
         metavar="F",
+        doc=(
+            "the thermal candidates are fitted on the first 1 - F of the window and chosen by "
+            "their RMS predicting the last F from the measured power; 0 < F < 0.9 (else a "
+            "usage error, exit status 2)"
+        ),
     ),
     Option(
         "slowdown_c",
         "slowdown threshold for every GPU, °C (default: the GPU's own, docs/models.md)",
         float,
         metavar="C",
+        default_text="the GPU's own",
+        doc="slowdown threshold for every GPU (see *headroom*)",
     ),
     Option(
         "mic_window",
         "averaging window of the microphone's LAeq",
         parse_duration,
         default=1.0,
+        doc="the microphone's LAeq window",
     ),
     Option("write_model", "write the fitted parameters back as the `model` measurement", is_flag=True, default=True),
     # `gpuprobe model predict FITTED.json ...` only

@@ -28,8 +28,15 @@ REPORT_OPTIONS = [
         'TOML file of node prices: "INSTANCE TYPE" = USD per hour, e.g. "p5.48xlarge" = 98.32 (omit: no cost)',
         Path,
         metavar="FILE",
+        doc="node prices per instance type ([below](#prices)); without it no cost is computed",
     ),
-    Option("html", "write the report with its plots to this HTML file", Path, metavar="FILE"),
+    Option(
+        "html",
+        "write the report with its plots to this HTML file",
+        Path,
+        metavar="FILE",
+        doc=("write the report with its plots (self-contained, nothing loaded from the network)"),
+    ),
     Option("json", "write every figure to this JSON file", Path, metavar="FILE"),
     Option(
         "hosts",
@@ -37,6 +44,8 @@ REPORT_OPTIONS = [
         multiple=True,
         default=[],
         metavar="HOST",
+        default_text="all",
+        doc="only these hosts of the study",
     ),
     Option(
         "write",

@@ -135,7 +135,8 @@ def _docs_options_tool() -> ModuleType:
 
 def test_the_options_tables_are_the_declarations() -> None:
     """What `python tools/docs_options.py --check` checks: every generated table is current, and a
-    command with tables (the agent's) has each of its options in one of them."""
+    command with tables (the agent, the collector, model, import, study report) has each of its
+    options in one of them."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "docs_options.py"), "--check"],
         capture_output=True,
@@ -145,7 +146,7 @@ def test_the_options_tables_are_the_declarations() -> None:
     assert done.returncode == 0, done.stderr
     tool = _docs_options_tool()
     commands = {t.command for t in tool.tables()}
-    assert "agent" in commands
+    assert {"agent", "collector", "model", "import.nvidia-smi", "study.report"} <= commands
     agent_options = {o.name for c in all_commands() if c.name == "agent" for o in c.options}
     assert {o.name for t in tool.tables() if t.command == "agent" for o in t.options} == agent_options
 

@@ -13,8 +13,9 @@ A table is the text between a marker and ``<!-- end options -->``::
     ...
     <!-- end options -->
 
-The marker names a command (``agent``, ``sim.run``) and, optionally, a run of its options, the first
-and the last flag in the command's order; without one, every option. Each row comes from one
+The marker names a command (``agent``, ``sim.run``) and, optionally, which of its options, in the
+table's order: flags, and runs of flags in the command's order (``--first..--last``); without any,
+every option. Each row comes from one
 ``Option`` (``gpuprobe.config.options_table``): its flag, its ``GPUPROBE_*`` variable, its default and
 its text, so that an option is declared once and the docs follow. A command that has tables must have
 every one of its options in one of them.
@@ -35,7 +36,7 @@ from gpuprobe.config import Option, options_table
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = re.compile(
-    r"^<!-- options: (?P<command>[\w.]+)(?: (?P<first>--[a-z0-9-]+)\.\.(?P<last>--[a-z0-9-]+))? -->\n"
+    r"^<!-- options: (?P<command>[\w.-]+)(?P<which>(?: --[a-z0-9-]+(?:\.\.--[a-z0-9-]+)?)*) -->\n"
     r"(?P<table>.*?)^<!-- end options -->$",
     re.MULTILINE | re.DOTALL,
 )
@@ -47,6 +48,22 @@ class Table:
     command: str
     options: list[Option]
     written: str  # the table as the file has it now
+
+
+def selected(options: list[Option], which: list[str]) -> list[Option]:
+    """The options a marker names (``--flag`` or ``--first..--last``; none: all); KeyError names a
+    flag the command does not have."""
+    if not which:
+        return options
+    index = {o.flag: i for i, o in enumerate(options)}
+    out: list[Option] = []
+    for word in which:
+        first, _, last = word.partition("..")
+        for flag in (first, last or first):
+            if flag not in index:
+                raise KeyError(flag)
+        out.extend(options[index[first] : index[last or first] + 1])
+    return out
 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
@@ -61,13 +78,10 @@ def tables(root: Path = ROOT) -> list[Table]:
             where = f"{path.relative_to(root)}: <!-- options: {m['command']} -->"
             if m["command"] not in commands:
                 raise SystemExit(f"{where}: no such command")
-            options = commands[m["command"]].options
-            flags = [o.flag for o in options]
-            if m["first"]:
-                missing = [f for f in (m["first"], m["last"]) if f not in flags]
-                if missing:
-                    raise SystemExit(f"{where}: the command has no {', '.join(missing)}")
-                options = options[flags.index(m["first"]) : flags.index(m["last"]) + 1]
+            try:
+                options = selected(commands[m["command"]].options, m["which"].split())
+            except KeyError as e:
+                raise SystemExit(f"{where}: the command has no {e.args[0]}") from None
             found.append(Table(path, m["command"], options, m["table"]))
     return found
 
@@ -89,11 +103,9 @@ def render(path: Path) -> str:
     commands = {c.name: c for c in all_commands()}
 
     def table(m: re.Match[str]) -> str:
-        options = commands[m["command"]].options
-        if m["first"]:
-            flags = [o.flag for o in options]
-            options = options[flags.index(m["first"]) : flags.index(m["last"]) + 1]
-        return m.group(0).replace(m["table"], options_table(options), 1)
+        options = selected(commands[m["command"]].options, m["which"].split())
+        start, end = m.span("table")
+        return m.group(0)[: start - m.start()] + options_table(options) + m.group(0)[end - m.start() :]
 
     return MARKER.sub(table, path.read_text(encoding="utf-8"))
 
