@@ -27,7 +27,7 @@ from gpuprobe.errors import DataError
 from gpuprobe.influx.client import InfluxClient
 from gpuprobe.influx.eventreads import EventSources, event_sources, query_events
 from gpuprobe.influx.influxql import Series, quote_identifier, quote_string
-from gpuprobe.wire.vocabulary import POINT_REFUSED
+from gpuprobe.wire.vocabulary import marks_a_phase
 
 GPU_FIELDS = (
     "temp_c",
@@ -264,7 +264,7 @@ def find_probe(
             strict=True,
         ):
             times.append(int(t))
-            if kind == POINT_REFUSED:
+            if not marks_a_phase(kind):
                 continue  # stamped with the phase the trainer was in, after it ended: no phase of its own
             per_host.setdefault(host, []).append((int(t), str(phase or "")))
             if gpu is not None and gpu != "":

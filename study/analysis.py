@@ -32,7 +32,7 @@ import numpy as np
 
 from gpuprobe.energy import window_energy
 from gpuprobe.model.thermal import headroom_c, window_steady_c
-from gpuprobe.wire.vocabulary import POINT_REFUSED
+from gpuprobe.wire.vocabulary import marks_a_phase
 
 BARE_METAL = "bare_metal"
 
@@ -82,9 +82,7 @@ class Window:
 def _ends_window(e: Event, gpu: str) -> bool:
     """Whether event ``e`` ends a steady window of ``gpu``: the next event of the same GPU (not a
     refusal, which is no phase of the GPU), or a node-wide ``end`` (one without a GPU)."""
-    if e.kind == POINT_REFUSED:
-        return False
-    return e.gpu == gpu or (e.gpu == "" and e.kind == "end")
+    return marks_a_phase(e.kind) and (e.gpu == gpu or (e.gpu == "" and e.kind == "end"))
 
 
 def steady_windows(

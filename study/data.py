@@ -49,7 +49,7 @@ from gpuprobe.study.analysis import (
     steady_windows,
     window_stats,
 )
-from gpuprobe.wire.vocabulary import POINT_REFUSED
+from gpuprobe.wire.vocabulary import POINT_REFUSED, marks_a_phase
 
 __all__ = ["NoDataError", "StudyData", "load_study"]
 
@@ -432,8 +432,8 @@ def _missing(
     refused = {(r.host, r.gpu, r.point) for r in refusals}
     seen: dict[tuple[str, str, int], Event] = {}
     for e in events:
-        if e.point is not None and e.kind != POINT_REFUSED:
-            seen[(e.host, e.gpu, e.point)] = e  # the last one
+        if e.point is not None and marks_a_phase(e.kind):
+            seen[(e.host, e.gpu, e.point)] = e  # the last phase event
     for key in sorted(seen, key=lambda k: (k[0], gpu_order(k[1]), k[2])):
         if key in measured or key in refused:
             continue

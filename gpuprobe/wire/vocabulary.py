@@ -40,3 +40,10 @@ PROBE_EVENT_KINDS: dict[str, telemetry_pb2.ProbeEventKind] = {
     POINT_REFUSED: telemetry_pb2.PROBE_EVENT_KIND_POINT_REFUSED,
 }
 PROBE_EVENT_KIND_NAMES: dict[int, str] = {value: name for name, value in PROBE_EVENT_KINDS.items()}
+
+
+def marks_a_phase(kind: str | None) -> bool:
+    """Whether a ``probe`` event of this kind starts or ends a phase of its GPU: every kind but
+    :data:`POINT_REFUSED`. The one rule that ``gpuprobe model``'s phases and ``study report``'s steady
+    windows read the events by (the model once made a refused slot a steady phase)."""
+    return kind != POINT_REFUSED
