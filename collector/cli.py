@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuprobe.collector import certs
 from gpuprobe.collector.install import INSTALL_OPTIONS
-from gpuprobe.config import Command, Option, format_duration, parse_duration, parse_duration_or_none
+from gpuprobe.config import Command, Option, format_duration, parse_duration
+from gpuprobe.influx.options import WRITE_OPTIONS, connection_options
 
 if TYPE_CHECKING:  # imported when run: `gpuprobe --help` must not need the collector's dependencies
     from gpuprobe.collector.settings import CollectorSettings
@@ -34,34 +35,8 @@ def _positive_int(text: str) -> int:
 
 OPTIONS = [
     Option("listen", "gRPC address agents connect to, HOST:PORT", default="0.0.0.0:7447", metavar="HOST:PORT"),
-    Option("influx_url", "InfluxDB base URL", default="http://127.0.0.1:8086", metavar="URL"),
-    Option(
-        "influx_api",
-        "write API: v1 (/write: InfluxDB 1.x, and the v1 compatibility API of 2.x/3.x) or v2 "
-        "(/api/v2/write via influxdb-client, with org, bucket and token)",
-        default="v1",
-        choices=["v1", "v2"],
-    ),
-    Option("influx_db", "database to write into (v1)", default="gpuprobe", metavar="NAME"),
-    Option("influx_rp", "retention policy to write into (v1; empty: the database default)", default="", metavar="NAME"),
-    Option("influx_username", "user name for basic authentication (v1)", default="", metavar="NAME"),
-    Option("influx_password", "password for basic authentication (v1)", default="", metavar="SECRET"),
-    Option(
-        "influx_token", "API token (v2: required; v1: sent as 'Authorization: Token ...')", default="", metavar="SECRET"
-    ),
-    Option("influx_org", "organization (v2)", default="", metavar="NAME"),
-    Option("influx_bucket", "bucket (v2)", default="", metavar="NAME"),
-    Option(
-        "influx_create_db",
-        "create the database (and --influx-rp with --influx-retention) at start and after a 404 (v1)",
-        default=False,
-        is_flag=True,
-    ),
-    Option(
-        "influx_retention",
-        "how long a created retention policy keeps data (0 or empty: infinite)",
-        parse_duration_or_none,
-    ),
+    *connection_options(),
+    *WRITE_OPTIONS,
     Option(
         "init_db",
         "set up the database and exit: the raw retention policy (--influx-rp, else autogen; made the "
@@ -128,14 +103,6 @@ OPTIONS = [
             "line per cluster; a cluster routed twice is an error"
         ),
     ),
-    Option("influx_ca", "CA certificate file to verify an https InfluxDB", default="", metavar="FILE"),
-    Option(
-        "influx_timeout",
-        "timeout of one write request",
-        parse_duration,
-        default=30.0,
-    ),
-    Option("influx_gzip_level", "gzip level of write requests (0: no compression)", type=int, default=1, metavar="0-9"),
     Option(
         "wal",
         "directory of the write-ahead log (SQLite)",

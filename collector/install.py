@@ -18,12 +18,14 @@ Nothing is overwritten without ``--force``. Imported to list the commands: impor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpuprobe.config import Option, parse_whole_seconds
+from gpuprobe.influx.options import WRITE_OPTIONS, connection_options
 from gpuprobe.systemd import (
     UnitSpec,
     default_executable,
@@ -50,11 +52,11 @@ INSTALL_OPTIONS = [
     Option("executable", "the gpuprobe program the unit runs (default: this installation's)", Path, metavar="PATH"),
     Option("user", "unprivileged user (and group) the collector runs as", default="gpuprobe"),
     Option("listen", "gRPC address written to the config", default="0.0.0.0:7447", metavar="HOST:PORT"),
-    Option("influx_url", "InfluxDB URL written to the config", default="http://127.0.0.1:8086", metavar="URL"),
-    Option("influx_api", "InfluxDB write API written to the config", default="v1", choices=["v1", "v2"]),
-    Option("influx_db", "database (v1) written to the config", default="gpuprobe", metavar="NAME"),
-    Option("influx_org", "organization (v2) written to the config", default="", metavar="NAME"),
-    Option("influx_bucket", "bucket (v2) written to the config", default="", metavar="NAME"),
+    *(
+        dataclasses.replace(option, help=f"{option.help}, written to the config")
+        for option in [*connection_options(), *WRITE_OPTIONS]
+        if option.name in ("influx_url", "influx_db", "influx_api", "influx_org", "influx_bucket")
+    ),
     Option(
         "tls_cert",
         "server certificate written to the config",

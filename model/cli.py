@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuprobe.config import Command, Option, parse_duration
+from gpuprobe.influx.options import connection_options
 
 
 def parse_time(text: str) -> int:
@@ -86,25 +87,7 @@ OPTIONS = [
         default_text="all",
         doc="only these hosts",
     ),
-    Option(
-        "influx_url",
-        "InfluxDB base URL (v1 /query and /write; 2.x through its v1 API)",
-        default="http://127.0.0.1:8086",
-        metavar="URL",
-        doc=("InfluxDB base URL: `/query` and `/write` of the v1 API (1.x; 2.x and 3.x serve it too)"),
-    ),
-    Option("influx_db", "database (v1; on 2.x the database mapped to the bucket)", default="gpuprobe", metavar="NAME"),
-    Option("influx_rp", "retention policy (empty: the database default)", default="", metavar="NAME"),
-    Option("influx_username", "user name for basic authentication", default="", metavar="NAME"),
-    Option("influx_password", "password for basic authentication", default="", metavar="SECRET"),
-    Option(
-        "influx_token",
-        "token, sent as 'Authorization: Token ...' (2.x v1 API)",
-        default="",
-        metavar="SECRET",
-        doc="sent as `Authorization: Token …` (the v1 API of 2.x)",
-    ),
-    Option("influx_timeout", "timeout of one request", parse_duration, default=60.0),
+    *connection_options(timeout_s=60.0),
     Option(
         "out",
         "folder for the report (<probe>.html) and every number (<probe>.json)",
