@@ -24,7 +24,18 @@ from typing import Any
 from gpuprobe import workloads
 from gpuprobe.config import Command, ConfigError, Option, parse_duration
 from gpuprobe.control.mqtt import MQTT_OPTIONS
-from gpuprobe.control.settings import CONTROL_OPTIONS, RETRY_OPTIONS, TRUSTED_KEYS, control_settings
+from gpuprobe.control.settings import (
+    CONTROL_OPTIONS,
+    COOLDOWN,
+    IDLE_BASELINE,
+    NODES,
+    RETRY_OPTIONS,
+    SIZE,
+    START_IN,
+    TRUSTED_KEYS,
+    WARMUP,
+    control_settings,
+)
 
 log = logging.getLogger("gpuprobe.control")
 
@@ -67,22 +78,13 @@ START_OPTIONS = [
     KEY,
     Option("workload", "the workload: " + ", ".join(workloads.WORKLOAD_NAMES) + " (agents refuse anything else)"),
     Option("duration", "steady-load phase", parse_duration),
-    Option(
-        "nodes",
-        "which agents: all, host names, or KEY=VALUE terms (host, cluster, cloud, instance_type, region)",
-        default="all",
-    ),
-    Option("size", "model size", default="full", choices=list(workloads.SIZES)),
+    NODES,
+    SIZE,
     Option("batch_size", "samples per step (default: the workload's for the size)", int, metavar="B"),
-    Option(
-        "start_in",
-        "synchronized start this long after now; leave the nodes time to load torch and build the model",
-        parse_duration,
-        30.0,
-    ),
-    Option("idle_baseline", "idle baseline (default: the trainer's, 30 s)", parse_duration),
-    Option("warmup", "warm-up, excluded from the results (default: the trainer's, 10 s)", parse_duration),
-    Option("cooldown", "cool-down (default: the trainer's, 60 s)", parse_duration),
+    START_IN,
+    IDLE_BASELINE,
+    WARMUP,
+    COOLDOWN,
     Option("gpus", "GPU indices on each node (default: all of them)", _gpu_list, metavar="I[,I...]"),
     Option("probe_id", "the probe's id (default: generated, p-YYYYMMDD-HHMMSS-xxxx)", default=""),
     LIFETIME,

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuprobe import __version__
-from gpuprobe.config import ConfigError, Option, parse_duration, parse_whole_seconds
+from gpuprobe import __version__, workloads
+from gpuprobe.config import ConfigError, Option, format_duration, parse_duration, parse_whole_seconds
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -85,8 +85,36 @@ CONTROL_OPTIONS = [
     ),
     ALLOW_POWER_LIMITS,
 ]
+
+
 # Reconnect pauses towards the broker. `gpuprobe agent` has options of these names for the gRPC
 # collector, so it takes them with an `mqtt_` prefix (RETRY_PREFIX); `control-agent` keeps the plain names.
+def _trainer_default(seconds: float) -> str:
+    return f"default: the trainer's, {format_duration(seconds)}"
+
+
+# What `probe start` and `study start` both ask: which nodes, when, the model size and the phases
+# around the steady load (unset phases: the trainer's defaults, gpuprobe/workloads.py).
+NODES = Option(
+    "nodes",
+    "which agents: all, host names, or KEY=VALUE terms (host, cluster, cloud, instance_type, region)",
+    default="all",
+)
+SIZE = Option("size", "model size", default="full", choices=list(workloads.SIZES))
+START_IN = Option(
+    "start_in",
+    "synchronized start this long after now; leave the nodes time to load torch and build the model",
+    parse_duration,
+    30.0,
+)
+IDLE_BASELINE = Option(
+    "idle_baseline", f"idle baseline ({_trainer_default(workloads.DEFAULT_IDLE_BASELINE_S)})", parse_duration
+)
+WARMUP = Option(
+    "warmup", f"warm-up, excluded from the results ({_trainer_default(workloads.DEFAULT_WARMUP_S)})", parse_duration
+)
+COOLDOWN = Option("cooldown", f"cool-down ({_trainer_default(workloads.DEFAULT_COOLDOWN_S)})", parse_duration)
+
 RETRY_OPTIONS = [
     Option("reconnect_max", "longest pause between reconnect attempts", parse_duration, 30.0),
     Option("auth_retry", "pause after the broker refused the credentials", parse_duration, 60.0),

@@ -10,6 +10,7 @@ Light on purpose (the CLI imports it to list the commands): protobuf loads only 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Sequence
@@ -17,12 +18,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuprobe.config import ConfigError, Option, parse_duration
-from gpuprobe.control.settings import MAX_STUDY_POINTS
+from gpuprobe.control.settings import COOLDOWN, IDLE_BASELINE, MAX_STUDY_POINTS, NODES, SIZE, START_IN, WARMUP
 from gpuprobe.workloads import (
     DEFAULT_COOLDOWN_S,
     DEFAULT_IDLE_BASELINE_S,
     DEFAULT_WARMUP_S,
-    SIZES,
     WORKLOAD_NAMES,
     WORKLOADS,
     parse_batch_sizes,
@@ -69,21 +69,14 @@ STUDY_OPTIONS = [
         metavar="L[,L...]",
     ),
     Option("duration", "steady phase of every point", parse_duration),
-    Option("warmup", "warm-up before every point's steady phase (default: the trainer's, 10 s)", parse_duration),
-    Option("idle_baseline", "idle baseline before the first point (default: the trainer's, 30 s)", parse_duration),
-    Option("cooldown", "cool-down after the last point (default: the trainer's, 60 s)", parse_duration),
-    Option(
-        "nodes",
-        "which agents: all, host names, or KEY=VALUE terms (host, cluster, cloud, instance_type, region)",
-        default="all",
+    dataclasses.replace(WARMUP, help=WARMUP.help.replace("warm-up", "warm-up before every point's steady phase")),
+    dataclasses.replace(
+        IDLE_BASELINE, help=IDLE_BASELINE.help.replace("idle baseline", "idle baseline before the first point")
     ),
-    Option("size", "model size", default="full", choices=list(SIZES)),
-    Option(
-        "start_in",
-        "synchronized start this long after now; leave the nodes time to load torch and build the models",
-        parse_duration,
-        30.0,
-    ),
+    dataclasses.replace(COOLDOWN, help=COOLDOWN.help.replace("cool-down", "cool-down after the last point")),
+    NODES,
+    SIZE,
+    START_IN,
     Option("study_id", "the study's id (default: generated, s-YYYYMMDD-HHMMSS-xxxx)", default=""),
 ]
 
