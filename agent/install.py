@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuprobe.config import Option, parse_duration, parse_whole_seconds
+from gpuprobe.agent.options import AGENT_OPTION
+from gpuprobe.config import Option, parse_whole_seconds
 from gpuprobe.control.mqtt import MQTT_OPTIONS
 from gpuprobe.control.settings import ALLOW_POWER_LIMITS, TRUSTED_KEYS
 from gpuprobe.nvml import REALTIME_PRIORITY
@@ -68,27 +69,23 @@ AmbientCapabilities=CAP_SYS_ADMIN
 """
 
 
+def _written(name: str, note: str = "") -> Option:
+    """``gpuprobe agent``'s own option, as install writes it into the config."""
+    option = AGENT_OPTION[name]
+    return dataclasses.replace(option, help=f"{option.help}{note}; written to the config", doc=None)
+
+
 INSTALL_OPTIONS = [
-    Option(
-        "collector",
-        "collector address HOST:PORT (several, comma-separated or repeated, for failover)",
-        multiple=True,
-        default=[],
-        metavar="HOST:PORT[,HOST:PORT...]",
+    *(
+        _written(name)
+        for name in ("collector", "cluster", "region", "tls_ca", "tls_cert", "tls_key", "token_file", "metrics_listen")
     ),
     Option("root", "stage the files under DIR instead of / (for images and tests)", Path, metavar="DIR"),
     Option("force", "overwrite files that exist", is_flag=True, default=False, flag_only=True),
     Option("executable", "the gpuprobe program the unit runs (default: this installation's)", Path, metavar="PATH"),
     Option("user", "unprivileged user (and group) the agent runs as", default="gpuprobe"),
-    Option("cluster", "cluster or fleet name written to the config", default=""),
-    Option("region", "region or site name written to the config", default=""),
-    Option("tls_ca", "CA certificate of the collectors (PEM), written to the config", Path, metavar="FILE"),
-    Option("tls_cert", "client certificate for mutual TLS (PEM), written to the config", Path, metavar="FILE"),
-    Option("tls_key", "client key for mutual TLS (PEM), written to the config", Path, metavar="FILE"),
-    Option("token_file", "file with the bearer token, written to the config", Path, metavar="FILE"),
-    Option("metrics_listen", "Prometheus endpoint HOST:PORT written to the config (default: off)", default=""),
-    Option("mic_device", "microphone device name written to the config; adds the audio group", default=""),
-    Option("grace", "SIGTERM grace period (the unit's stop timeout is 20 s longer)", parse_duration, 10.0),
+    _written("mic_device", "; adds the audio group"),
+    _written("grace", " (the unit's stop timeout is 20 s longer)"),
     Option("watchdog", "systemd watchdog timeout, in whole seconds", parse_whole_seconds, 30),
 ]
 # The fleet control plane (`gpuprobe agent --broker`): the broker options of gpuprobe.control.mqtt

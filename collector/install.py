@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuprobe.collector.options import OPTION
 from gpuprobe.config import Option, parse_whole_seconds
-from gpuprobe.influx.options import WRITE_OPTIONS, connection_options
 from gpuprobe.systemd import (
     UnitSpec,
     default_executable,
@@ -46,46 +46,37 @@ STATE_DIRECTORY = "gpuprobe/collector"
 WAL_DIR = "/var/lib/gpuprobe/collector"
 
 
+def _written(name: str, note: str = "", **changes: Any) -> Option:
+    """``gpuprobe collector``'s own option, as install writes it into the config (``changes``: another
+    default, where the installed service's differs from the command's)."""
+    option = OPTION[name]
+    return dataclasses.replace(option, help=f"{option.help}{note}; written to the config", doc=None, **changes)
+
+
 INSTALL_OPTIONS = [
     Option("root", "stage the files under DIR instead of / (for images and tests)", Path, metavar="DIR"),
     Option("force", "overwrite files that exist", is_flag=True, default=False, flag_only=True),
     Option("executable", "the gpuprobe program the unit runs (default: this installation's)", Path, metavar="PATH"),
     Option("user", "unprivileged user (and group) the collector runs as", default="gpuprobe"),
-    Option("listen", "gRPC address written to the config", default="0.0.0.0:7447", metavar="HOST:PORT"),
     *(
-        dataclasses.replace(option, help=f"{option.help}, written to the config")
-        for option in [*connection_options(), *WRITE_OPTIONS]
-        if option.name in ("influx_url", "influx_db", "influx_api", "influx_org", "influx_bucket")
+        _written(name)
+        for name in ("listen", "influx_url", "influx_db", "influx_api", "influx_org", "influx_bucket", "tokens_file")
     ),
-    Option(
-        "tls_cert",
-        "server certificate written to the config",
-        Path,
-        default=Path("/etc/gpuprobe/tls/collector.crt"),
-        metavar="FILE",
-    ),
-    Option(
-        "tls_key",
-        "server key written to the config",
-        Path,
-        default=Path("/etc/gpuprobe/tls/collector.key"),
-        metavar="FILE",
-    ),
+    _written("tls_cert", default=Path("/etc/gpuprobe/tls/collector.crt")),
+    _written("tls_key", default=Path("/etc/gpuprobe/tls/collector.key")),
     Option(
         "tls_client_ca",
         "agents' CA (mutual TLS) written to the config; 'none' to rely on tokens",
         default="/etc/gpuprobe/tls/agents-ca.crt",
         metavar="FILE",
     ),
-    Option("tokens_file", "per-agent tokens file written to the config", Path, metavar="FILE"),
-    Option(
+    _written(
         "metrics_listen",
-        "Prometheus endpoint written to the config; the metrics have no authentication, so the default is this host"
-        " only: give an address Prometheus reaches (0.0.0.0:9447) where a firewall keeps the others out",
+        "; the metrics have no authentication, so the default is this host only: give an address Prometheus"
+        " reaches (0.0.0.0:9447) where a firewall keeps the others out",
         default="127.0.0.1:9447",
-        metavar="HOST:PORT",
     ),
-    Option("workers", "collector processes on the port", int, default=1, metavar="N"),
+    _written("workers"),
     Option("watchdog", "systemd watchdog timeout, in whole seconds", parse_whole_seconds, 30),
 ]
 

@@ -463,7 +463,7 @@ def test_the_collector_turns_its_retention_duration_into_an_influxql_duration(gi
 
 
 def test_the_agent_docs_show_each_duration_default_as_help_does() -> None:
-    from gpuprobe.agent.cli import AGENT_OPTIONS
+    from gpuprobe.agent.options import AGENT_OPTIONS
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "agent.md").read_text()
     for opt in (o for o in AGENT_OPTIONS if o.is_duration and o.default is not None):

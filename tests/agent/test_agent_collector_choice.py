@@ -59,7 +59,7 @@ def test_the_uplink_starts_at_its_first_choice_and_fails_over_in_order(tmp_path:
 def test_the_agent_id_reaches_the_uplink_settings() -> None:
     import argparse
 
-    from gpuprobe.agent.cli import AGENT_OPTIONS
+    from gpuprobe.agent.options import AGENT_OPTIONS
     from gpuprobe.agent.settings import AgentSettings
     from gpuprobe.config import resolve
 

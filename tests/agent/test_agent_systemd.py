@@ -214,7 +214,7 @@ def test_agent_without_notify_socket_runs_normally(
 
 
 def test_docs_describe_every_agent_option() -> None:
-    from gpuprobe.agent.cli import AGENT_OPTIONS
+    from gpuprobe.agent.options import AGENT_OPTIONS
 
     text = (REPO / "docs/agent.md").read_text()
     missing = [o.flag for o in AGENT_OPTIONS if f"`{o.flag}`" not in text or f"`{o.env_var}`" not in text]

@@ -250,7 +250,7 @@ def test_the_batcher_ships_aggregates_and_other_samples_and_hands_the_raw_ones_t
 
 
 def settings_values(**overrides: Any) -> dict[str, Any]:
-    from gpuprobe.agent.cli import AGENT_OPTIONS
+    from gpuprobe.agent.options import AGENT_OPTIONS
 
     values: dict[str, Any] = {o.name: o.default for o in AGENT_OPTIONS}
     values.update(collector=["127.0.0.1:7447"], host="node-1", cloud="none", instance_type="none")

@@ -70,7 +70,7 @@ def test_a_route_names_a_cluster_a_url_and_optionally_the_database() -> None:
 
 
 def test_a_cluster_routed_twice_is_a_configuration_error(tmp_path: Path) -> None:
-    from gpuprobe.collector.cli import OPTIONS
+    from gpuprobe.collector.options import OPTIONS
 
     values = {opt.name: opt.default for opt in OPTIONS}
     values.update(insecure=True, wal=tmp_path, influx_route=["eu=http://a:8086", "eu=http://b:8086"])
