@@ -41,7 +41,7 @@ def _fleet_options() -> list[Option]:
                 opt,
                 default="",
                 help="MQTT broker of the fleet control plane (probes): mqtt://HOST[:PORT] or mqtts://HOST[:PORT]"
-                " (TLS); default: off",
+                " (TLS); turns fleet probes on (default: off)",
                 doc="MQTT broker of the control plane, `mqtt://HOST[:1883]` or `mqtts://HOST[:8883]` (TLS); turns"
                 " fleet probes on",
                 default_text="off",
@@ -53,7 +53,6 @@ def _fleet_options() -> list[Option]:
                 opt,
                 default=None,
                 help=f"{opt.help} (default: SPOOL/control)",
-                doc="replay memory, results and the trainers' logs",
                 default_text="`SPOOL/control`",
             )
         out.append(opt)
@@ -100,24 +99,18 @@ AGENT_OPTIONS = [
         16 * 2**20,
         metavar="SIZE",
         default_text="16MiB",
-        doc=(
-            "while the spool's disk is full, hold at most this much in memory; beyond it the "
-            "oldest batches are dropped and counted"
-        ),
     ),
     Option(
         "host",
         "host name: the `host` tag and MQTT topic segment (default: the system's host name)",
         default="",
         default_text="system host name",
-        doc="the `host` tag and MQTT topic segment",
     ),
     Option(
         "agent_id",
         "agent id, unique in the fleet (default: --host)",
         default="",
         default_text="`--host`",
-        doc="agent id, unique in the fleet",
     ),
     Option("cluster", "cluster or fleet name (`cluster` tag)", default=""),
     Option(
@@ -125,14 +118,12 @@ AGENT_OPTIONS = [
         "cloud provider, e.g. aws (default: detected from DMI)",
         default="",
         default_text="from DMI",
-        doc="cloud provider, e.g. aws",
     ),
     Option(
         "instance_type",
         "instance type, e.g. p5.48xlarge (default: detected from DMI on AWS)",
         default="",
         default_text="from DMI (AWS)",
-        doc="instance type, e.g. p5.48xlarge",
     ),
     Option("region", "region or site name (`region` tag)", default=""),
     Option(
@@ -140,7 +131,6 @@ AGENT_OPTIONS = [
         "GPU virtualization (`virt` tag); auto: from NVML and the CPU's hypervisor flag",
         default="auto",
         choices=["auto", "bare_metal", "passthrough", "vgpu", "host_vgpu", "unknown"],
-        doc="`auto`, `bare_metal`, `passthrough`, `vgpu`, `host_vgpu`, `unknown`",
     ),
     Option(
         "tls",
@@ -156,11 +146,10 @@ AGENT_OPTIONS = [
     Option("token_file", "file holding the bearer token", Path, metavar="FILE"),
     Option(
         "metrics_listen",
-        "serve Prometheus metrics on HOST:PORT (default: off)",
+        "serve Prometheus metrics on HOST:PORT, port 0: any free port, logged (default: off)",
         default="",
         metavar="HOST:PORT",
         default_text="off",
-        doc="serve Prometheus metrics on HOST:PORT (port 0: any free port, logged)",
     ),
     Option(
         "prometheus_listen",
@@ -192,10 +181,9 @@ AGENT_OPTIONS = [
     ),
     Option(
         "pod_resources_interval",
-        "ask the kubelet's pod-resources API which pod holds which GPU this often",
+        "ask the kubelet's pod-resources API which pod holds which GPU this often (at least 1 s)",
         parse_duration,
         10.0,
-        doc="ask the kubelet which pod holds which GPU this often (at least 1 s)",
     ),
     Option(
         "trainer_socket",
@@ -203,14 +191,12 @@ AGENT_OPTIONS = [
         default="",
         metavar="PATH",
         default_text="off; with `--broker` `SPOOL/trainer.sock`",
-        doc="unix socket where the local trainer reports progress",
     ),
     Option(
         "mic_device",
         "microphone: input device name (or part of it) for PortAudio (default: none)",
         default="",
         default_text="none",
-        doc="microphone: input device name (or part of it) for PortAudio",
     ),
     Option(
         "mic_calibration_db",
@@ -218,7 +204,6 @@ AGENT_OPTIONS = [
         float,
         123.0,
         metavar="DB",
-        doc="dB SPL of a full-scale (mean square 1) signal",
     ),
     Option("mic_samplerate", "microphone sample rate in Hz", int, 48000, metavar="HZ"),
     Option(
@@ -227,7 +212,6 @@ AGENT_OPTIONS = [
         float,
         50.0,
         metavar="DBA",
-        doc="dBA of a GPU's own fans at 100 % duty",
     ),
     Option(
         "proxy_floor_dba",
@@ -235,7 +219,6 @@ AGENT_OPTIONS = [
         float,
         35.0,
         metavar="DBA",
-        doc="background level summed with every estimate",
     ),
     Option(
         "proxy_tdp_fraction",
@@ -243,7 +226,6 @@ AGENT_OPTIONS = [
         float,
         0.8,
         metavar="K",
-        doc="`tdp_flag` when power > this fraction of the TDP",
     ),
     Option(
         "proxy_air_rise_c",
@@ -251,7 +233,6 @@ AGENT_OPTIONS = [
         float,
         15.0,
         metavar="K",
-        doc="passive GPUs: allowed air temperature rise in K",
     ),
     Option(
         "proxy_chassis_airflow_m3_per_s",
@@ -259,7 +240,6 @@ AGENT_OPTIONS = [
         float,
         0.05,
         metavar="M3S",
-        doc="passive GPUs: chassis airflow per GPU at full fan speed, m³/s",
     ),
     Option(
         "proxy_chassis_rated_dba",
@@ -267,14 +247,12 @@ AGENT_OPTIONS = [
         float,
         75.0,
         metavar="DBA",
-        doc="passive GPUs: dBA of one GPU's share of the chassis fans at full speed",
     ),
     Option(
         "proxy_chassis_min_pct",
         "acoustic proxy (passive GPUs): chassis fans' minimum speed in %%",
         float,
         30.0,
-        doc="passive GPUs: chassis fans' minimum speed in %",
     ),
     Option(
         "grace",
@@ -289,22 +267,19 @@ AGENT_OPTIONS = [
         int,
         2000,
         metavar="N",
-        doc="close a batch when it holds this many samples (≥ 100)",
     ),
     Option(
         "max_in_flight",
-        "batches sent but not yet acknowledged, at most",
+        "batches sent but not yet acknowledged, at most (and 16 MiB)",
         int,
         64,
         metavar="N",
-        doc="batches sent but not yet acknowledged, at most (and 16 MiB)",
     ),
     Option(
         "keepalive",
-        "gRPC keepalive ping interval",
+        "gRPC keepalive ping interval (10 s timeout)",
         parse_duration,
         30.0,
-        doc="gRPC keepalive ping interval (10 s timeout)",
     ),
     Option("reconnect_min", "first reconnect pause (doubles per failed round, with jitter)", parse_duration, 0.5),
     Option("reconnect_max", "longest reconnect pause", parse_duration, 30.0),
@@ -315,13 +290,9 @@ AGENT_OPTIONS = [
     Option(
         "health_interval",
         "read each GPU's health counters (ECC, row remapping, NVLink, GPM, MIG, processes) this often"
-        " (at least 1 s; 0: off)",
+        " (at least 1 s; 0: off, and no GPU events)",
         parse_duration,
         1.0,
-        doc=(
-            "read each GPU's health counters (ECC, row remapping, NVLink, GPM, MIG, "
-            "processes) this often, at least 1 s; 0: off (also the GPU events)"
-        ),
     ),
     Option(
         "resolution",
@@ -339,20 +310,16 @@ AGENT_OPTIONS = [
     ),
     Option(
         "aggregate_interval",
-        "the interval of one aggregate in resolution auto (whole ms, at least the sampling interval)",
+        "the interval of one aggregate in resolution auto (whole ms, at least the sampling interval (--interval), at most"
+        " 60 s)",
         parse_duration,
         1.0,
-        doc=(
-            "the interval of one aggregate in resolution `auto` (whole ms, at least the "
-            "sampling interval `--interval`, at most 60 s)"
-        ),
     ),
     Option(
         "hires_after",
         "in resolution auto, ship every sample for this long after a trigger (0: triggers open no window)",
         parse_duration,
         300.0,
-        doc=("in resolution `auto`, ship every sample for this long after a trigger (0: triggers open no window)"),
     ),
     Option(
         "flight_recorder",
@@ -360,23 +327,14 @@ AGENT_OPTIONS = [
         " opens a high-resolution window (0: off)",
         parse_duration,
         300.0,
-        doc=(
-            "in resolution `auto`, keep this long of every sample in the spool, shipped when "
-            "a trigger or probe opens a high-resolution window (0: off)"
-        ),
     ),
     Option(
         "nvml_retry",
-        "without NVML at start (no driver yet), try it again this often; once it answers the agent starts"
-        " again in the same process, with its GPUs (0: never, the host and acoustics only)",
+        "without NVML at start (the driver not loaded yet, at boot), try it again this often; once it answers the"
+        " agent stops cleanly and starts again in the same process (the same PID for systemd), with its GPUs;"
+        " 0: never, the host and acoustics only",
         parse_duration,
         30.0,
-        doc=(
-            "without NVML at start (the driver not loaded yet, at boot), try it again this "
-            "often; once it answers the agent stops cleanly and starts again in the same "
-            "process (the same PID for systemd), with its GPUs; 0: never, the host and "
-            "acoustics only"
-        ),
     ),
     Option("hwmon_dir", "where the hwmon sensors are (sysfs)", Path, Path("/sys/class/hwmon"), metavar="DIR"),
     Option("check", "validate the configuration, print the effective settings and exit", is_flag=True, default=False),

@@ -33,28 +33,24 @@ OPTIONS = [
         "rp_config (v1, an admin user; safe to run again)",
         default=False,
         is_flag=True,
-        doc="set up the database (below) and exit instead of serving",
     ),
     Option(
         "retention_raw",
         "--init-db: how long the raw data is kept (0: infinite)",
         parse_duration,
         default=7 * 86400.0,
-        doc="how long raw points are kept (0: infinite)",
     ),
     Option(
         "retention_10s",
         "--init-db: how long the 10 s rollup is kept (0: infinite)",
         parse_duration,
         default=90 * 86400.0,
-        doc="how long the 10 s rollup is kept (0: infinite)",
     ),
     Option(
         "retention_1m",
         "--init-db: how long the 1 min rollup is kept (0: infinite)",
         parse_duration,
         default=400 * 86400.0,
-        doc="how long the 1 min rollup is kept (0: infinite)",
     ),
     Option(
         "retention_events",
@@ -62,10 +58,6 @@ OPTIONS = [
         "which are also written there once it exists (0: infinite)",
         parse_duration,
         default=400 * 86400.0,
-        doc=(
-            "how long the `events` policy keeps the `probe`, `trainer`, `gpu_info`, "
-            "`gpu_event` and `model` points (0: infinite)"
-        ),
     ),
     Option(
         "backfill",
@@ -73,24 +65,17 @@ OPTIONS = [
         "spool after an outage; 0: none)",
         parse_duration,
         default=0.0,
-        doc="also compute the rollups of the last DURATION again (late data, below); 0: none",
     ),
     Option(
         "influx_route",
         "send the lines whose cluster tag is CLUSTER to another InfluxDB: its URL, and optionally the database "
         "(v1) or bucket (v2) as the URL's last path segment (default: --influx-db or --influx-bucket); the other "
         "--influx-* options apply to it too. Repeatable, one per cluster; clusters no route names go to "
-        "--influx-url. Each destination is written on its own, so one that is down holds back only its lines",
+        "--influx-url; a cluster routed twice is an error. Each destination is written on its own, so one that is "
+        "down holds back only its lines",
         multiple=True,
         default=[],
         metavar="CLUSTER=URL[/DATABASE]",
-        doc=(
-            "lines whose `cluster` tag is `CLUSTER` go to that InfluxDB; the URL's last path "
-            "segment, when there is one, is the database (v1) or bucket (v2), else "
-            "`--influx-db` or `--influx-bucket`; the other `--influx-*` options (API, "
-            "credentials, token, org, TLS CA, timeout, gzip) apply to it too. Repeatable, one "
-            "line per cluster; a cluster routed twice is an error"
-        ),
     ),
     Option(
         "wal",

@@ -36,7 +36,6 @@ MQTT_OPTIONS = [
         "MQTT user name (Mosquitto password_file)",
         default="",
         metavar="NAME",
-        doc="MQTT user name (with the example ACL: the node's `--host`)",
     ),
     Option(
         "mqtt_password",
@@ -51,7 +50,6 @@ MQTT_OPTIONS = [
         Path,
         metavar="FILE",
         default_text="system roots",
-        doc="CA certificate of the broker; implies TLS",
     ),
     Option(
         "mqtt_cert",

@@ -39,13 +39,12 @@ TRAINER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "gpuprobe.app", "train
 
 TRUSTED_KEYS = Option(
     "trusted_keys",
-    "operator public keys (PEM) or folders of *.pub files whose commands are accepted",
+    "operator public keys (PEM files, or folders of *.pub) whose signed commands the agent runs",
     Path,
     multiple=True,
     default=[],
     metavar="PATH",
     default_text="— (required with `--broker`)",
-    doc=("operator public keys (PEM files, or folders of `*.pub`) whose signed commands the agent runs"),
 )
 CONTROL_DIR = Option(
     "control_dir",
@@ -59,7 +58,6 @@ ALLOW_POWER_LIMITS = Option(
     "let probes set GPU power limits (needs root or CAP_SYS_ADMIN; the previous limits are always restored)",
     is_flag=True,
     default=False,
-    doc=("let studies set GPU power limits (needs root or CAP_SYS_ADMIN); the previous limits are always restored"),
 )
 CONTROL_OPTIONS = [
     TRUSTED_KEYS,
@@ -74,14 +72,12 @@ CONTROL_OPTIONS = [
         "MQTT keepalive, in whole seconds (the broker declares the agent lost after 1.5x)",
         parse_whole_seconds,
         30,
-        doc="MQTT keepalive, in whole seconds (the broker declares the agent lost after 1.5 times)",
     ),
     Option(
         "result_retention",
-        "republish results of probes this recent after every reconnect",
+        "republish the results of probes this recent after every reconnect",
         parse_duration,
         86400.0,
-        doc="republish the results of probes this recent after every reconnect",
     ),
     ALLOW_POWER_LIMITS,
 ]

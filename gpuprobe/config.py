@@ -186,6 +186,7 @@ class Option:
 
 
 _FLAG_IN_TEXT = re.compile(r"(?<![`\w-])(--[a-z][a-z0-9-]*)(?![\w`-])")
+_DEFAULT_IN_HELP = re.compile(r"\s*\(default: [^()]*\)$")
 
 
 def shown_default(opt: Option) -> str:
@@ -205,7 +206,10 @@ def options_table(options: Iterable[Option]) -> str:
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     for opt in options:
         env = "—" if opt.flag_only or opt.name in PER_COMMAND_KEYS else f"`{opt.env_var}`"
-        meaning = opt.doc if opt.doc is not None else _FLAG_IN_TEXT.sub(r"`\1`", opt.help)
+        # --help's text, argparse's %% unescaped, without its "(default: ...)" where the default column says it
+        text = opt.help.replace("%%", "%")
+        text = _DEFAULT_IN_HELP.sub("", text) if opt.default_text is not None else text
+        meaning = opt.doc if opt.doc is not None else _FLAG_IN_TEXT.sub(r"`\1`", text)
         rows.append(f"| `{opt.flag}` | {env} | {shown_default(opt)} | {meaning} |")
     return "\n".join(rows) + "\n"
 

@@ -25,14 +25,12 @@ OPTIONS = [
         "host tag of every imported point (required unless --columns maps a host column)",
         default="",
         metavar="NAME",
-        doc="`host` tag; required unless `--columns` maps a host column",
     ),
     Option(
         "gpu_model",
         "model tag when the file has no name column, e.g. 'NVIDIA H100 80GB HBM3' (dmon output has none)",
         default="",
         metavar="NAME",
-        doc="`model` tag when a file has no name column (dmon output never has)",
     ),
     Option("cluster", "cluster tag of every imported point (empty: none)", default="", metavar="NAME"),
     Option(
@@ -43,7 +41,6 @@ OPTIONS = [
         check_timezone,
         default="UTC",
         metavar="TZ",
-        doc="zone of timestamps written without one: IANA name or `±HH:MM`",
     ),
     Option(
         "columns",
@@ -52,7 +49,6 @@ OPTIONS = [
         multiple=True,
         default=[],
         metavar="KEY=HEADER",
-        doc="map another CSV (above)",
     ),
     Option(
         "time_format",
@@ -61,7 +57,6 @@ OPTIONS = [
         check_time_format,
         default="auto",
         metavar="FORMAT",
-        doc="the time column of `--columns`",
     ),
     Option(
         "freeze_after",
@@ -72,14 +67,12 @@ OPTIONS = [
         parse_duration,
         default=60.0,
         metavar="DURATION",
-        doc="frozen-stretch threshold (`90`, `2m`; `0` off)",
     ),
     Option(
         "dry_run",
         "read and report everything, write nothing",
         is_flag=True,
         default=False,
-        doc="read and report, write nothing",
     ),
     Option(
         "dmon_date",
@@ -102,7 +95,6 @@ OPTIONS = [
         multiple=True,
         default=[],
         metavar="NAMES",
-        doc="the columns of dmon output without its header",
     ),
     Option(
         "dmon_interval",

@@ -68,7 +68,6 @@ OPTIONS = [
         "the probe to model (its id, the `probe` tag)",
         default="",
         metavar="ID",
-        doc="the probe (its `probe` tag)",
     ),
     Option(
         "from",
@@ -85,7 +84,6 @@ OPTIONS = [
         default=[],
         metavar="HOST",
         default_text="all",
-        doc="only these hosts",
     ),
     *connection_options(timeout_s=60.0),
     Option(
@@ -94,30 +92,27 @@ OPTIONS = [
         Path,
         default=Path("gpuprobe-report"),
         metavar="DIR",
-        doc="where `<probe>.html` and `<probe>.json` go",
     ),
     Option(
         "pue",
-        "power usage effectiveness of the site (facility energy / IT energy)",
+        "power usage effectiveness of the site (facility energy / IT energy); 1.0 counts the GPUs only",
         _positive,
         default=1.0,
         metavar="X",
-        doc="power usage effectiveness (facility ÷ IT energy); 1.0 counts the GPUs only",
     ),
     Option(
         "grid_kg_per_kwh",
-        "carbon intensity of the electricity, kg CO2e per kWh (set your grid's)",
+        "carbon intensity of the electricity, kg CO2e per kWh: the default is a placeholder, not any real"
+        " grid's figure; set yours",
         _non_negative,
         default=0.4,
         metavar="KG",
-        doc="grid carbon intensity; **a placeholder, not any real grid's figure: set yours**",
     ),
     Option(
         "price_per_gpu_hour",
         "price of one GPU-hour, for the cost (omit: no cost)",
         _non_negative,
         metavar="PRICE",
-        doc="price of a GPU-hour; without it there is no cost",
     ),
     Option(
         "outlier_r_th_pct",
@@ -125,7 +120,6 @@ OPTIONS = [
         _non_negative,
         default=15.0,
         metavar="PCT",
-        doc='"hotter": R_th above the median of its model by more than this',
     ),
     Option(
         "outlier_dba",
@@ -133,7 +127,6 @@ OPTIONS = [
         _non_negative,
         default=3.0,
         metavar="DB",
-        doc=('"louder": steady proxy level above the median of its model by more than this (dB)'),
     ),
     Option(
         "outlier_samples_per_j_pct",
@@ -141,14 +134,12 @@ OPTIONS = [
         _non_negative,
         default=10.0,
         metavar="PCT",
-        doc='"less efficient": samples/J below the median of its model by more than this',
     ),
     Option(
         "arx_resample",
         "bin width of the ARX fit's block means",
         parse_duration,
         default=1.0,
-        doc="bin width of the ARX fit (below)",
     ),
     Option(
         "holdout",
@@ -157,11 +148,6 @@ OPTIONS = [
         _holdout_fraction,
         default=0.3,
         metavar="F",
-        doc=(
-            "the thermal candidates are fitted on the first 1 - F of the window and chosen by "
-            "their RMS predicting the last F from the measured power; 0 < F < 0.9 (else a "
-            "usage error, exit status 2)"
-        ),
     ),
     Option(
         "slowdown_c",
@@ -169,14 +155,12 @@ OPTIONS = [
         float,
         metavar="C",
         default_text="the GPU's own",
-        doc="slowdown threshold for every GPU (see *headroom*)",
     ),
     Option(
         "mic_window",
         "averaging window of the microphone's LAeq",
         parse_duration,
         default=1.0,
-        doc="the microphone's LAeq window",
     ),
     Option("write_model", "write the fitted parameters back as the `model` measurement", is_flag=True, default=True),
     # `gpuprobe model predict FITTED.json ...` only

@@ -32,10 +32,9 @@ REPORT_OPTIONS = [
     ),
     Option(
         "html",
-        "write the report with its plots to this HTML file",
+        "write the report with its plots to this HTML file (self-contained, nothing loaded from the network)",
         Path,
         metavar="FILE",
-        doc=("write the report with its plots (self-contained, nothing loaded from the network)"),
     ),
     Option("json", "write every figure to this JSON file", Path, metavar="FILE"),
     Option(
@@ -45,7 +44,6 @@ REPORT_OPTIONS = [
         default=[],
         metavar="HOST",
         default_text="all",
-        doc="only these hosts of the study",
     ),
     Option(
         "write",
