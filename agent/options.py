@@ -310,8 +310,8 @@ AGENT_OPTIONS = [
     ),
     Option(
         "aggregate_interval",
-        "the interval of one aggregate in resolution auto (whole ms, at least the sampling interval (--interval), at most"
-        " 60 s)",
+        "the interval of one aggregate in resolution auto (whole ms, at least the sampling interval (--interval),"
+        " at most 60 s)",
         parse_duration,
         1.0,
     ),
