@@ -20,16 +20,9 @@ import httpx
 
 from gpuprobe.collector.compression import gzip_bytes
 from gpuprobe.collector.settings import CollectorSettings, InfluxRoute
-from gpuprobe.influx.answers import (
-    Answer,
-    error_text,
-    parse_retry_after,
-)
+from gpuprobe.influx.answers import Answer, error_text, parse_retry_after
 from gpuprobe.influx.influxql import InfluxError, parse_results, quote_identifier
-from gpuprobe.influx.retention import (
-    create_database_statement,
-    create_policy_statement,
-)
+from gpuprobe.influx.retention import create_database_statement, create_policy_statement
 from gpuprobe.influx.settings import InfluxSettings
 
 if TYPE_CHECKING:

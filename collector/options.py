@@ -166,18 +166,8 @@ OPTIONS = [
         default=8 << 20,
         metavar="BYTES",
     ),
-    Option(
-        "max_clock_skew",
-        "samples further in the future are out of range",
-        parse_duration,
-        default=600.0,
-    ),
-    Option(
-        "max_sample_age",
-        "samples older than this are out of range",
-        parse_duration,
-        default=7 * 24 * 3600.0,
-    ),
+    Option("max_clock_skew", "samples further in the future are out of range", parse_duration, default=600.0),
+    Option("max_sample_age", "samples older than this are out of range", parse_duration, default=7 * 24 * 3600.0),
     Option(
         "timestamp_policy",
         "out-of-range timestamps: reject (refused, reported to the agent) or flag (stored, counted, logged)",
@@ -193,18 +183,8 @@ OPTIONS = [
     ),
     Option("sink_batch_lines", "lines per InfluxDB write request", type=_positive_int, default=5000, metavar="N"),
     Option("sink_concurrency", "InfluxDB write requests in flight", type=_positive_int, default=3, metavar="N"),
-    Option(
-        "sink_linger",
-        "how long a partly filled request waits for more lines",
-        parse_duration,
-        default=0.05,
-    ),
-    Option(
-        "sink_max_backoff",
-        "longest wait between retries of a failing write",
-        parse_duration,
-        default=30.0,
-    ),
+    Option("sink_linger", "how long a partly filled request waits for more lines", parse_duration, default=0.05),
+    Option("sink_max_backoff", "longest wait between retries of a failing write", parse_duration, default=30.0),
 ]
 
 OPTION = {option.name: option for option in OPTIONS}

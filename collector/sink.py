@@ -54,18 +54,8 @@ from gpuprobe.collector.metrics import Metrics
 from gpuprobe.collector.routing import Destination, cluster_tag_text, events_selector, lane_selector
 from gpuprobe.collector.settings import SinkSettings
 from gpuprobe.collector.wal import PendingRow, WriteAheadLog
-from gpuprobe.influx.answers import (
-    Answer,
-    Verdict,
-    classify,
-    error_text,
-    line_errors,
-    reason,
-    refused_lines_named,
-)
-from gpuprobe.influx.retention import (
-    EVENTS_RP,
-)
+from gpuprobe.influx.answers import Answer, Verdict, classify, error_text, line_errors, reason, refused_lines_named
+from gpuprobe.influx.retention import EVENTS_RP
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,7 @@ MQTT_OPTIONS = [
         default=DEFAULT_BROKER,
         metavar="URL",
     ),
-    Option(
-        "mqtt_username",
-        "MQTT user name (Mosquitto password_file)",
-        default="",
-        metavar="NAME",
-    ),
+    Option("mqtt_username", "MQTT user name (Mosquitto password_file)", default="", metavar="NAME"),
     Option(
         "mqtt_password",
         "MQTT password (prefer --mqtt-password-file or the environment)",
@@ -51,12 +46,7 @@ MQTT_OPTIONS = [
         metavar="FILE",
         default_text="system roots",
     ),
-    Option(
-        "mqtt_cert",
-        "client certificate (PEM) for TLS client authentication",
-        Path,
-        metavar="FILE",
-    ),
+    Option("mqtt_cert", "client certificate (PEM) for TLS client authentication", Path, metavar="FILE"),
     Option("mqtt_key", "private key (PEM) of --mqtt-cert", Path, metavar="FILE"),
 ]
 

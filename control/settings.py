@@ -83,8 +83,6 @@ CONTROL_OPTIONS = [
 ]
 
 
-# Reconnect pauses towards the broker. `gpuprobe agent` has options of these names for the gRPC
-# collector, so it takes them with an `mqtt_` prefix (RETRY_PREFIX); `control-agent` keeps the plain names.
 def _trainer_default(seconds: float) -> str:
     return f"default: the trainer's, {format_duration(seconds)}"
 
@@ -111,6 +109,8 @@ WARMUP = Option(
 )
 COOLDOWN = Option("cooldown", f"cool-down ({_trainer_default(workloads.DEFAULT_COOLDOWN_S)})", parse_duration)
 
+# Reconnect pauses towards the broker. `gpuprobe agent` has options of these names for the gRPC
+# collector, so it takes them with an `mqtt_` prefix (RETRY_PREFIX); `control-agent` keeps the plain names.
 RETRY_OPTIONS = [
     Option("reconnect_max", "longest pause between reconnect attempts", parse_duration, 30.0),
     Option("auth_retry", "pause after the broker refused the credentials", parse_duration, 60.0),

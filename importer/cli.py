@@ -68,12 +68,7 @@ OPTIONS = [
         default=60.0,
         metavar="DURATION",
     ),
-    Option(
-        "dry_run",
-        "read and report everything, write nothing",
-        is_flag=True,
-        default=False,
-    ),
+    Option("dry_run", "read and report everything, write nothing", is_flag=True, default=False),
     Option(
         "dmon_date",
         "day of the first row of `nvidia-smi dmon -o T` output (times without dates), YYYY-MM-DD",

@@ -63,12 +63,7 @@ def _holdout_fraction(text: str) -> float:
 
 
 OPTIONS = [
-    Option(
-        "probe",
-        "the probe to model (its id, the `probe` tag)",
-        default="",
-        metavar="ID",
-    ),
+    Option("probe", "the probe to model (its id, the `probe` tag)", default="", metavar="ID"),
     Option(
         "from",
         "start of a time range to model instead of a probe: ISO 8601 (UTC without a zone), unix seconds, now,"
@@ -108,12 +103,7 @@ OPTIONS = [
         default=0.4,
         metavar="KG",
     ),
-    Option(
-        "price_per_gpu_hour",
-        "price of one GPU-hour, for the cost (omit: no cost)",
-        _non_negative,
-        metavar="PRICE",
-    ),
+    Option("price_per_gpu_hour", "price of one GPU-hour, for the cost (omit: no cost)", _non_negative, metavar="PRICE"),
     Option(
         "outlier_r_th_pct",
         "a GPU is 'hotter' when its R_th exceeds its model's median by this many percent",
@@ -135,12 +125,7 @@ OPTIONS = [
         default=10.0,
         metavar="PCT",
     ),
-    Option(
-        "arx_resample",
-        "bin width of the ARX fit's block means",
-        parse_duration,
-        default=1.0,
-    ),
+    Option("arx_resample", "bin width of the ARX fit's block means", parse_duration, default=1.0),
     Option(
         "holdout",
         "thermal models are fitted on the first 1-F of the window and chosen by their error predicting the "
@@ -156,12 +141,7 @@ OPTIONS = [
         metavar="C",
         default_text="the GPU's own",
     ),
-    Option(
-        "mic_window",
-        "averaging window of the microphone's LAeq",
-        parse_duration,
-        default=1.0,
-    ),
+    Option("mic_window", "averaging window of the microphone's LAeq", parse_duration, default=1.0),
     Option("write_model", "write the fitted parameters back as the `model` measurement", is_flag=True, default=True),
     # `gpuprobe model predict FITTED.json ...` only
     Option(
