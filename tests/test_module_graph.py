@@ -137,9 +137,8 @@ def test_the_graph_covers_the_package() -> None:
     for module in (DISPATCHER, ENTRY_POINT, "gpuprobe.config", NVML_SENSOR, "gpuprobe.control.settings"):
         assert module in MODULES, module
     assert GRAPH[ENTRY_POINT] == {DISPATCHER}
-    assert {"gpuprobe.agent.cli", "gpuprobe.control.cli", "gpuprobe.app.demo"} <= GRAPH[
-        DISPATCHER
-    ]  # lazy imports count
+    # lazy imports count
+    assert {"gpuprobe.agent.cli", "gpuprobe.control.cli", "gpuprobe.app.demo"} <= GRAPH[DISPATCHER]
 
 
 def test_find_cycle_finds_one() -> None:
