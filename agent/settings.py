@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuprobe.agent import identity
+from gpuprobe.agent.options import AGENT_OPTION
 from gpuprobe.agent.sensors.proxy import ProxyParams
 from gpuprobe.config import ConfigError
 from gpuprobe.v1 import common_pb2
@@ -31,18 +32,19 @@ class TlsSettings:
     server_name: str | None = None  # expected name in the collector's certificate, when not the host
 
 
+# The defaults that are options' are the options' own (agent/options.py): written once.
 @dataclass(frozen=True)
 class UplinkSettings:
     targets: list[str]
     agent_id: str = ""  # picks the first of several targets (uplink.first_choice); "" : the first
     tls: TlsSettings | None = None
     token: str | None = None
-    keepalive_s: float = 30.0
-    max_in_flight_batches: int = 64
+    keepalive_s: float = AGENT_OPTION["keepalive"].default
+    max_in_flight_batches: int = AGENT_OPTION["max_in_flight"].default
     max_in_flight_bytes: int = 16 * MiB
-    reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 30.0
-    auth_retry_s: float = 60.0
+    reconnect_min_s: float = AGENT_OPTION["reconnect_min"].default
+    reconnect_max_s: float = AGENT_OPTION["reconnect_max"].default
+    auth_retry_s: float = AGENT_OPTION["auth_retry"].default
     welcome_timeout_s: float = 10.0
 
 
@@ -98,15 +100,19 @@ class AgentSettings:
     proxy: ProxyParams
     pcie_interval_s: float
     hwmon_dir: Path
-    health_interval_s: float = 1.0  # 0: no health reads (ECC, NVLink, GPM, MIG, processes)
-    nvml_retry_s: float = 30.0  # without NVML at start: how often to try again (0: never)
-    resolution: str = "auto"  # auto: aggregates outside high-resolution windows; full: every sample
-    aggregate_interval_s: float = 1.0
-    hires_after_s: float = 300.0  # a window's length after its last trigger
-    flight_recorder_s: float = 300.0  # raw samples kept in the spool outside windows (0: off)
+    # 0: no health reads (ECC, NVLink, GPM, MIG, processes)
+    health_interval_s: float = AGENT_OPTION["health_interval"].default
+    # without NVML at start: how often to try again (0: never)
+    nvml_retry_s: float = AGENT_OPTION["nvml_retry"].default
+    # auto: aggregates outside high-resolution windows; full: every sample
+    resolution: str = AGENT_OPTION["resolution"].default
+    aggregate_interval_s: float = AGENT_OPTION["aggregate_interval"].default
+    hires_after_s: float = AGENT_OPTION["hires_after"].default  # a window's length after its last trigger
+    # raw samples kept in the spool outside windows (0: off)
+    flight_recorder_s: float = AGENT_OPTION["flight_recorder"].default
     prometheus_listen: tuple[str, int] | None = None  # the GPU readings under dcgm-exporter's names
     pod_resources_socket: Path | None = None
-    pod_resources_interval_s: float = 10.0
+    pod_resources_interval_s: float = AGENT_OPTION["pod_resources_interval"].default
     control: ControlSettings | None = None  # --broker: the embedded control plane (gpuprobe.agent.embedded_control)
 
     @classmethod

@@ -9,6 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuprobe.collector.options import OPTION
 from gpuprobe.errors import ConfigError
 from gpuprobe.influx.settings import InfluxSettings
 from gpuprobe.wire.validate import Limits
@@ -33,13 +34,14 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     return host, port
 
 
+# The defaults that are options' are the options' own (collector/options.py): written once.
 @dataclass(frozen=True)
 class SinkSettings:
-    batch_lines: int = 5000
-    concurrency: int = 3
-    linger_s: float = 0.05
+    batch_lines: int = OPTION["sink_batch_lines"].default
+    concurrency: int = OPTION["sink_concurrency"].default
+    linger_s: float = OPTION["sink_linger"].default
     backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
+    backoff_max_s: float = OPTION["sink_max_backoff"].default
     retry_after_max_s: float = 300.0
     #: Requests one refused chunk may spend finding its refused lines before the rest of the
     #: suspect part is quarantined whole.
@@ -78,11 +80,11 @@ def default_collector_id() -> str:
 
 @dataclass(frozen=True)
 class CollectorSettings:
-    listen: str = "0.0.0.0:7447"
-    wal_dir: Path = Path("/var/lib/gpuprobe/collector")
-    wal_max_bytes: int = 8 << 30
-    quarantine_max_lines: int = 1_000_000
-    workers: int = 1
+    listen: str = OPTION["listen"].default
+    wal_dir: Path = OPTION["wal"].default
+    wal_max_bytes: int = OPTION["wal_max_bytes"].default
+    quarantine_max_lines: int = OPTION["quarantine_max_lines"].default
+    workers: int = OPTION["workers"].default
     collector_id: str = field(default_factory=default_collector_id)
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -90,15 +92,15 @@ class CollectorSettings:
     tls_bind_agent_id: bool = False
     tokens_file: Path | None = None
     insecure: bool = False
-    metrics_listen: str = ""
+    metrics_listen: str = OPTION["metrics_listen"].default
     #: Batches of one stream that may wait for the WAL at once (the reader then stops reading,
     #: and HTTP/2 flow control slows the agent down).
     stream_window: int = 64
     shutdown_grace_s: float = 5.0
     #: When a batch is acked: ``wal`` once it is durable in the WAL, ``sink`` once InfluxDB has it.
-    ack_after: str = "wal"
+    ack_after: str = OPTION["ack_after"].default
     #: SIGTERM: how long the drain (finish acks, then write the WAL into InfluxDB) may take in all.
-    drain_timeout_s: float = 25.0
+    drain_timeout_s: float = OPTION["drain_timeout"].default
     limits: Limits = field(default_factory=Limits)
     influx: InfluxSettings = field(default_factory=InfluxSettings)
     #: ``--influx-route``: lines of these clusters go elsewhere than ``influx`` (the rest go there).
