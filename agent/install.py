@@ -20,7 +20,6 @@ imports only what writing the files needs.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ from gpuprobe.systemd import (
     staging_root,
     toml_value,
     write_install_files,
+    written_to_config,
 )
 
 UNIT_PATH = "/etc/systemd/system/gpuprobe-agent.service"
@@ -69,45 +69,32 @@ AmbientCapabilities=CAP_SYS_ADMIN
 """
 
 
-def _written(name: str, note: str = "") -> Option:
-    """``gpuprobe agent``'s own option, as install writes it into the config."""
-    option = AGENT_OPTION[name]
-    return dataclasses.replace(option, help=f"{option.help}{note}; written to the config", doc=None)
-
-
 INSTALL_OPTIONS = [
     *(
-        _written(name)
+        written_to_config(AGENT_OPTION[name])
         for name in ("collector", "cluster", "region", "tls_ca", "tls_cert", "tls_key", "token_file", "metrics_listen")
     ),
     Option("root", "stage the files under DIR instead of / (for images and tests)", Path, metavar="DIR"),
     Option("force", "overwrite files that exist", is_flag=True, default=False, flag_only=True),
     Option("executable", "the gpuprobe program the unit runs (default: this installation's)", Path, metavar="PATH"),
     Option("user", "unprivileged user (and group) the agent runs as", default="gpuprobe"),
-    _written("mic_device", "; adds the audio group"),
-    _written("grace", " (the unit's stop timeout is 20 s longer)"),
+    written_to_config(AGENT_OPTION["mic_device"], "; adds the audio group"),
+    written_to_config(AGENT_OPTION["grace"], " (the unit's stop timeout is 20 s longer)"),
     Option("watchdog", "systemd watchdog timeout, in whole seconds", parse_whole_seconds, 30),
 ]
 # The fleet control plane (`gpuprobe agent --broker`): the broker options of gpuprobe.control.mqtt
 # (never the password itself: a file or the environment) and the operator keys the agent trusts.
 _BROKER_PATHS = ("mqtt_password_file", "mqtt_ca", "mqtt_cert", "mqtt_key")
 INSTALL_OPTIONS += [
-    dataclasses.replace(
-        opt,
-        default="" if opt.name == "broker" else opt.default,
-        help=f"{opt.help}; written to the config"
-        + ("; enables fleet probes (default: off)" if opt.name == "broker" else ""),
-    )
+    written_to_config(opt, "; enables fleet probes (default: off)", default="")
+    if opt.name == "broker"
+    else written_to_config(opt)
     for opt in MQTT_OPTIONS
     if opt.name != "mqtt_password"
 ]
-INSTALL_OPTIONS.append(dataclasses.replace(TRUSTED_KEYS, help=f"{TRUSTED_KEYS.help}; written to the config"))
+INSTALL_OPTIONS.append(written_to_config(TRUSTED_KEYS))
 INSTALL_OPTIONS.append(
-    dataclasses.replace(
-        ALLOW_POWER_LIMITS,
-        help=f"{ALLOW_POWER_LIMITS.help}; written to the config, with a unit drop-in that gives the agent"
-        " CAP_SYS_ADMIN (needs --broker)",
-    )
+    written_to_config(ALLOW_POWER_LIMITS, ", with a unit drop-in that gives the agent CAP_SYS_ADMIN (needs --broker)")
 )
 
 

@@ -18,7 +18,6 @@ Nothing is overwritten without ``--force``. Imported to list the commands: impor
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from gpuprobe.systemd import (
     staging_root,
     toml_value,
     write_install_files,
+    written_to_config,
 )
 
 UNIT_PATH = "/etc/systemd/system/gpuprobe-collector.service"
@@ -46,37 +46,30 @@ STATE_DIRECTORY = "gpuprobe/collector"
 WAL_DIR = "/var/lib/gpuprobe/collector"
 
 
-def _written(name: str, note: str = "", **changes: Any) -> Option:
-    """``gpuprobe collector``'s own option, as install writes it into the config (``changes``: another
-    default, where the installed service's differs from the command's)."""
-    option = OPTION[name]
-    return dataclasses.replace(option, help=f"{option.help}{note}; written to the config", doc=None, **changes)
-
-
 INSTALL_OPTIONS = [
     Option("root", "stage the files under DIR instead of / (for images and tests)", Path, metavar="DIR"),
     Option("force", "overwrite files that exist", is_flag=True, default=False, flag_only=True),
     Option("executable", "the gpuprobe program the unit runs (default: this installation's)", Path, metavar="PATH"),
     Option("user", "unprivileged user (and group) the collector runs as", default="gpuprobe"),
     *(
-        _written(name)
+        written_to_config(OPTION[name])
         for name in ("listen", "influx_url", "influx_db", "influx_api", "influx_org", "influx_bucket", "tokens_file")
     ),
-    _written("tls_cert", default=Path("/etc/gpuprobe/tls/collector.crt")),
-    _written("tls_key", default=Path("/etc/gpuprobe/tls/collector.key")),
+    written_to_config(OPTION["tls_cert"], default=Path("/etc/gpuprobe/tls/collector.crt")),
+    written_to_config(OPTION["tls_key"], default=Path("/etc/gpuprobe/tls/collector.key")),
     Option(
         "tls_client_ca",
         "agents' CA (mutual TLS) written to the config; 'none' to rely on tokens",
         default="/etc/gpuprobe/tls/agents-ca.crt",
         metavar="FILE",
     ),
-    _written(
-        "metrics_listen",
+    written_to_config(
+        OPTION["metrics_listen"],
         "; the metrics have no authentication, so the default is this host only: give an address Prometheus"
         " reaches (0.0.0.0:9447) where a firewall keeps the others out",
         default="127.0.0.1:9447",
     ),
-    _written("workers"),
+    written_to_config(OPTION["workers"]),
     Option("watchdog", "systemd watchdog timeout, in whole seconds", parse_whole_seconds, 30),
 ]
 

@@ -7,6 +7,7 @@ names in ``NOTIFY_SOCKET``. Without that variable (not started by systemd) every
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import socket
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpuprobe.config import Option
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,13 @@ def _realtime_lines(priority: int) -> list[str]:
     if priority <= 0:
         return ["RestrictRealtime=yes"]
     return ["RestrictRealtime=no", f"LimitRTPRIO={priority}", f"LimitRTTIME={REALTIME_RUN_LIMIT}"]
+
+
+def written_to_config(option: Option, note: str = "", **changes: Any) -> Option:
+    """A service's own option as ``gpuprobe install`` takes it: the same flag, type and default (or
+    ``changes``, where the installed service's differs), its help saying the value goes into the
+    service's config file, then ``note`` (what install does with it besides)."""
+    return dataclasses.replace(option, help=f"{option.help}; written to the config{note}", doc=None, **changes)
 
 
 def staging_root(root: Path | None) -> Path | None:
