@@ -83,10 +83,6 @@ CONTROL_OPTIONS = [
 ]
 
 
-def _trainer_default(seconds: float) -> str:
-    return f"default: the trainer's, {format_duration(seconds)}"
-
-
 # What `probe start` and `study start` both ask: which nodes, when, the model size and the phases
 # around the steady load (unset phases: the trainer's defaults, gpuprobe/workloads.py).
 NODES = Option(
@@ -101,13 +97,22 @@ START_IN = Option(
     parse_duration,
     30.0,
 )
-IDLE_BASELINE = Option(
-    "idle_baseline", f"idle baseline ({_trainer_default(workloads.DEFAULT_IDLE_BASELINE_S)})", parse_duration
-)
-WARMUP = Option(
-    "warmup", f"warm-up, excluded from the results ({_trainer_default(workloads.DEFAULT_WARMUP_S)})", parse_duration
-)
-COOLDOWN = Option("cooldown", f"cool-down ({_trainer_default(workloads.DEFAULT_COOLDOWN_S)})", parse_duration)
+_TRAINER_PHASE_S = {
+    "idle_baseline": workloads.DEFAULT_IDLE_BASELINE_S,
+    "warmup": workloads.DEFAULT_WARMUP_S,
+    "cooldown": workloads.DEFAULT_COOLDOWN_S,
+}
+
+
+def phase_option(name: str, what: str) -> Option:
+    """``--idle-baseline``, ``--warmup`` or ``--cooldown`` of a probe, described as ``what``; unset, the
+    trainer's own default, which the help names."""
+    return Option(name, f"{what} (default: the trainer's, {format_duration(_TRAINER_PHASE_S[name])})", parse_duration)
+
+
+IDLE_BASELINE = phase_option("idle_baseline", "idle baseline")
+WARMUP = phase_option("warmup", "warm-up, excluded from the results")
+COOLDOWN = phase_option("cooldown", "cool-down")
 
 # Reconnect pauses towards the broker. `gpuprobe agent` has options of these names for the gRPC
 # collector, so it takes them with an `mqtt_` prefix (RETRY_PREFIX); `control-agent` keeps the plain names.

@@ -10,7 +10,6 @@ Light on purpose (the CLI imports it to list the commands): protobuf loads only 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuprobe.config import ConfigError, Option, parse_duration
-from gpuprobe.control.settings import COOLDOWN, IDLE_BASELINE, MAX_STUDY_POINTS, NODES, SIZE, START_IN, WARMUP
+from gpuprobe.control.settings import MAX_STUDY_POINTS, NODES, SIZE, START_IN, phase_option
 from gpuprobe.workloads import (
     DEFAULT_COOLDOWN_S,
     DEFAULT_IDLE_BASELINE_S,
@@ -69,11 +68,9 @@ STUDY_OPTIONS = [
         metavar="L[,L...]",
     ),
     Option("duration", "steady phase of every point", parse_duration),
-    dataclasses.replace(WARMUP, help=WARMUP.help.replace("warm-up", "warm-up before every point's steady phase")),
-    dataclasses.replace(
-        IDLE_BASELINE, help=IDLE_BASELINE.help.replace("idle baseline", "idle baseline before the first point")
-    ),
-    dataclasses.replace(COOLDOWN, help=COOLDOWN.help.replace("cool-down", "cool-down after the last point")),
+    phase_option("warmup", "warm-up before every point's steady phase, excluded from the results"),
+    phase_option("idle_baseline", "idle baseline before the first point"),
+    phase_option("cooldown", "cool-down after the last point"),
     NODES,
     SIZE,
     START_IN,
